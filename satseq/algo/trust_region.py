@@ -1,0 +1,114 @@
+"""Quantile-KL trust region with backtracking (DESIGN §4).
+
+After each optimiser step the learner measures q, the (1 − α) quantile of the per-sequence
+KL(π_θ ‖ π_cur) over agent i's sequences. If q > target_kl the step is undone (weights and
+optimiser state restored), β_i grows ×1.5 and the step is retried. A step gets at most
+1 + max_backtracks attempts; when the last one also violates, the step is exhausted: it is
+rejected (weights as before the step) or, with on_exhausted="keep" (the official code's
+behaviour), the violating step is kept. β_i persists across steps and stages.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+
+class StepDecision(enum.Enum):
+    ACCEPT = "accept"  # q ≤ target: keep the step
+    BACKTRACK = "backtrack"  # q > target: restore, β ← 1.5β, retry
+    REJECT = "reject"  # exhausted: restore and give up this step
+    KEEP = "keep"  # exhausted with on_exhausted="keep": keep the violating step
+
+
+@dataclass
+class TrustRegion:
+    """The accept / backtrack / exhausted decision for one agent, and its persistent β_i."""
+
+    target_kl: float
+    alpha: float
+    max_backtracks: int
+    beta: float
+    beta_growth: float = 1.5
+    on_exhausted: Literal["reject", "keep"] = "reject"
+    backtracks: int = field(default=0, init=False)  # backtracks taken in the current step
+
+    def begin_step(self) -> None:
+        self.backtracks = 0
+
+    def judge(self, q: float) -> StepDecision:
+        """Decide on an attempted step from its KL quantile q; grows β on every violation."""
+        if q <= self.target_kl:
+            return StepDecision.ACCEPT
+        self.beta *= self.beta_growth  # β_i ← 1.5·β_i
+        if self.backtracks >= self.max_backtracks:
+            return StepDecision.KEEP if self.on_exhausted == "keep" else StepDecision.REJECT
+        self.backtracks += 1
+        return StepDecision.BACKTRACK
+
+    def state_dict(self) -> dict[str, float]:
+        return {"beta": self.beta}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.beta = float(state["beta"])
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    decision: StepDecision  # ACCEPT, REJECT or KEEP (never BACKTRACK)
+    backtracks: int
+    kl_quantiles: list[float]  # q of every attempt, in order
+    beta: float  # β_i after the step
+
+    @property
+    def applied(self) -> bool:
+        """Whether the model now holds the new weights."""
+        return self.decision in (StepDecision.ACCEPT, StepDecision.KEEP)
+
+
+def trust_region_step(
+    region: TrustRegion,
+    take_step: Callable[[float], float],
+    save: Callable[[], Any],
+    restore: Callable[[Any], None],
+) -> StepOutcome:
+    """Run one trust-region step: attempt, judge, restore and retry until accepted or exhausted.
+
+    take_step(beta) performs one optimiser step with KL penalty β and returns its KL quantile q.
+    save() snapshots weights and optimiser state; restore(snapshot) puts them back.
+    """
+    region.begin_step()
+    snapshot = save()
+    quantiles: list[float] = []
+    while True:
+        q = take_step(region.beta)
+        quantiles.append(q)
+        decision = region.judge(q)
+        if decision in (StepDecision.ACCEPT, StepDecision.KEEP):
+            return StepOutcome(decision, region.backtracks, quantiles, region.beta)
+        restore(snapshot)
+        if decision is StepDecision.REJECT:
+            return StepOutcome(decision, region.backtracks, quantiles, region.beta)
+
+
+def snapshot_training_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """A deep copy of the model's weights and the optimiser's state, on their own devices."""
+    return {
+        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "optimizer": copy.deepcopy(optimizer.state_dict()),
+    }
+
+
+def restore_training_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, snapshot: dict[str, Any]
+) -> None:
+    """Put back exactly what `snapshot_training_state` saved."""
+    model.load_state_dict(snapshot["model"])
+    optimizer.load_state_dict(copy.deepcopy(snapshot["optimizer"]))

@@ -1,0 +1,22 @@
+"""The run configuration: schema (pydantic) and loading (YAML + overrides)."""
+
+from satseq.config.load import (
+    CONFIG_DIR,
+    QUICKSTART,
+    ConfigError,
+    apply_override,
+    dump_config,
+    load_config,
+)
+from satseq.config.schema import AgentConfig, RunConfig
+
+__all__ = [
+    "CONFIG_DIR",
+    "QUICKSTART",
+    "AgentConfig",
+    "ConfigError",
+    "RunConfig",
+    "apply_override",
+    "dump_config",
+    "load_config",
+]

@@ -1,0 +1,103 @@
+"""Load a run config from YAML plus `--set a.b.c=value` overrides, with errors that name keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from satseq.config.schema import RunConfig
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = PACKAGE_ROOT / "configs"
+QUICKSTART = CONFIG_DIR / "quickstart.yaml"
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message names the file and key path."""
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of sections, got {type(data).__name__}"
+        )
+    return data
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Set `a.b.c=value` in nested `data`; the value is parsed as YAML (numbers, bools, lists).
+
+    A numeric path part indexes a list, e.g. `team.agents.0.path=/models/a`.
+    """
+    key_path, sep, raw_value = assignment.partition("=")
+    if not sep or not key_path.strip():
+        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. trainer.stages=4")
+    value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+    parts = key_path.strip().split(".")
+    node: Any = data
+    for depth, part in enumerate(parts[:-1]):
+        where = ".".join(parts[: depth + 1])
+        if isinstance(node, list):
+            node = node[_list_index(part, node, where, assignment)]
+        else:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict | list):
+                raise ConfigError(f"--set {assignment!r}: {where} is a value, not a section")
+            node = child
+    last = parts[-1]
+    if isinstance(node, list):
+        node[_list_index(last, node, key_path, assignment)] = value
+    else:
+        node[last] = value
+
+
+def _list_index(part: str, node: list[Any], where: str, assignment: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"--set {assignment!r}: {where}: index must be 0..{len(node) - 1}")
+    return int(part)
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid config"]
+    for problem in err.errors():
+        key = ".".join(str(p) for p in problem["loc"]) or "(top level)"
+        message = problem["msg"]
+        if problem["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling; `satseq config show` lists every key)"
+        elif "input" in problem and problem["type"] not in ("missing", "value_error"):
+            message = f"{message} (got {problem['input']!r})"
+        lines.append(f"  {key}: {message}")
+    return "\n".join(lines)
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> RunConfig:
+    """The resolved RunConfig: `path` (default configs/quickstart.yaml), then each override."""
+    config_path = Path(path) if path is not None else QUICKSTART
+    data = read_yaml(config_path)
+    for assignment in overrides:
+        apply_override(data, assignment)
+    source = str(config_path) + (" with --set overrides" if overrides else "")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def dump_config(config: RunConfig) -> str:
+    """The resolved config as YAML, every key present, in section order."""
+    return yaml.safe_dump(
+        config.model_dump(mode="json", exclude={"sat_seq": {"agents"}}), sort_keys=False
+    )

@@ -1,0 +1,253 @@
+"""The run configuration: one pydantic model per object it builds (DESIGN §2, STYLE).
+
+Every section forbids unknown keys, so a typo fails with the key's path instead of being
+silently ignored. Seeds' keys (`algorithm.gamma`, `algorithm.lam`, `algorithm.kl_ctrl.*`,
+`sat_seq.{epsilon, A_clip, group_size, max_backtracks, agents}`) are accepted as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AgentConfig(Section):
+    name: str = Field(min_length=1, description="unique agent name; outputs go to agent_<name>/")
+    path: str = Field(
+        min_length=1, description="HF model dir or hub name; 'builtin:tiny' = the embedded model"
+    )
+    role_prompt: str | None = Field(
+        None, description="chain topology: this agent's role instruction"
+    )
+
+
+class TeamConfig(Section):
+    topology: Literal["mixture", "chain"] = "mixture"
+    agents: list[AgentConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> TeamConfig:
+        names = [a.name for a in self.agents]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            raise ValueError(f"agent names must be unique, repeated: {duplicated}")
+        return self
+
+
+class KLControlConfig(Section):
+    kl_coef: float = Field(0.01, ge=0.0, description="initial β_i of the KL penalty")
+    target_kl: float = Field(0.05, gt=0.0, description="trust region: max allowed KL quantile")
+    quantile: float = Field(
+        0.9, gt=0.0, le=1.0, description="quantile level 1 − α of per-sequence KL"
+    )
+    beta_growth: float = Field(1.5, gt=1.0, description="β_i ← beta_growth·β_i on a violation")
+    estimator: Literal["exact", "k3"] = "exact"
+
+
+class CertificateConfig(Section):
+    delta_conf: float = Field(
+        0.05, gt=0.0, lt=1.0, description="PAC confidence: bound holds w.p. 1 − δ"
+    )
+    w_max: float = Field(
+        2.0, gt=1.0, description="truncation of the sequence ratio in the bandit bound"
+    )
+    inequality: Literal["bernstein", "hoeffding"] = "bernstein"
+    holdout_fraction: float = Field(
+        0.25, ge=0.0, lt=1.0, description="prompts held out of the update for the bound"
+    )
+
+
+class AlgorithmConfig(Section):
+    name: Literal["sat_seq", "spo", "grpo"] = "sat_seq"
+    gamma: float = Field(0.99, gt=0.0, lt=1.0, description="discount in the theorem terms and GAE")
+    lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE λ")
+    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+    certificate: CertificateConfig = Field(default_factory=CertificateConfig)
+
+
+class SatSeqConfig(Section):
+    epsilon: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip ε")
+    A_clip: float = Field(5.0, gt=0.0, description="advantages are clipped to ±A_clip")
+    group_size: int = Field(8, ge=2, description="G trajectories per prompt")
+    max_backtracks: int = Field(3, ge=0)
+    on_exhausted: Literal["reject", "keep"] = "reject"
+    ratio: Literal["seq", "token", "seq_mean"] = "seq"
+    advantage: Literal["grpo", "gae"] = "grpo"
+    max_log_ratio: float = Field(5.0, gt=0.0, description="clamp of the IS log-ratio")
+    scheduler: Literal["static", "random", "greedy_gain"] = "static"
+    agents: list[AgentConfig] | None = Field(None, description="seeds' spelling of team.agents")
+
+
+class SpoConfig(Section):
+    rho: Literal["constant", "kl"] = "kl"
+    rho_min: float = Field(0.875, gt=0.0, lt=1.0)
+    rho_max: float = Field(0.96, gt=0.0, lt=1.0)
+    d_half: float = Field(0.06, gt=0.0, description="D at which ρ halves")
+    eps_low: float = Field(0.2, gt=0.0, lt=1.0)
+    eps_high: float = Field(0.28, gt=0.0)
+    dual_clip: float = Field(10.0, gt=1.0)
+    gamma_s: float = Field(0.0, ge=0.0, description="sampling weight exponent on N_eff")
+    candidate_pool_size: int = Field(256, ge=1)
+    offline_values: str | None = Field(
+        None, description="JSON {prompt: [scores]} from offline-values merge"
+    )
+    sample_unscored_prompts: bool = True
+
+    @model_validator(mode="after")
+    def _rho_order(self) -> SpoConfig:
+        if self.rho_min > self.rho_max:
+            raise ValueError(f"rho_min ({self.rho_min}) must not exceed rho_max ({self.rho_max})")
+        return self
+
+
+class GrpoConfig(Section):
+    group_size: int = Field(8, ge=2)
+    eps_low: float = Field(0.2, gt=0.0, lt=1.0)
+    eps_high: float = Field(0.2, gt=0.0)
+    dr_grpo: bool = Field(False, description="Dr.GRPO: no division by the group std")
+
+
+class EngineResources(Section):
+    num_cpus: float = Field(1.0, ge=0.0)
+    num_gpus: float = Field(0.0, ge=0.0)
+
+
+class ToolConfig(Section):
+    enabled: bool = False
+    max_turns: int = Field(8, ge=1)
+    max_tool_response_length: int = Field(512, ge=16, description="characters, middle-truncated")
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf", "vllm"] = "hf"
+    num_actors: int = Field(1, ge=1)
+    temperature: float = Field(1.0, gt=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(256, ge=1)
+    max_prompt_tokens: int = Field(1024, ge=1)
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
+    resources: EngineResources = Field(default_factory=EngineResources)
+    tools: ToolConfig = Field(default_factory=ToolConfig)
+
+
+class SandboxConfig(Section):
+    backend: Literal["local", "sandbox_fusion"] = "local"
+    url: str | None = Field(None, description="SandboxFusion base URL for backend sandbox_fusion")
+    workers: int = Field(4, ge=1)
+    timeout_s: float = Field(5.0, gt=0.0)
+    memory_mb: int = Field(512, ge=16)
+    max_output_bytes: int = Field(65536, ge=1)
+    min_isolation: Literal["none", "rlimits", "namespaces", "full"] = "rlimits"
+
+    @model_validator(mode="after")
+    def _url_for_remote(self) -> SandboxConfig:
+        if self.backend == "sandbox_fusion" and not self.url:
+            raise ValueError("backend 'sandbox_fusion' needs sandbox.url")
+        return self
+
+
+class PromptConfig(Section):
+    system_prompt: str | None = None
+    instruction: str = "Please reason step by step, and put your final answer within \\boxed{}."
+    tool_prompt: bool = False
+
+
+class SyntheticDataConfig(Section):
+    n_train: int = Field(512, ge=1)
+    n_test: int = Field(128, ge=1)
+    difficulty: int = Field(1, ge=1, le=10)
+    style: Literal["symbols", "words", "mixed"] = "symbols"
+    seed: int = 0
+
+
+class DataConfig(Section):
+    train: str = Field(
+        "synthetic", description="'synthetic', a JSONL/parquet path, or an HF dataset name"
+    )
+    eval: str | None = None
+    split: str = "train"
+    field_map: dict[str, str] | None = Field(
+        None, description="e.g. {problem: question, answer: a.b}"
+    )
+    skip_bad_rows: bool = False
+    synthetic: SyntheticDataConfig = Field(default_factory=SyntheticDataConfig)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+
+
+class RewardConfig(Section):
+    function: str | None = Field(None, description="'package.module:function' custom reward")
+    fallbacks: list[Literal["answer_colon", "answer_is", "last_number"]] = Field(
+        default_factory=list
+    )
+    allow_percent: bool = False
+    format_rule: bool = Field(
+        False, description="SPO format rule: exactly one </think>, no tools after"
+    )
+    timeout_s: float = Field(2.0, gt=0.0)
+
+
+class TrainerConfig(Section):
+    stages: int = Field(10, ge=1)
+    batch_size: int = Field(8, ge=1, description="prompts per stage (B)")
+    micro_batch_size: int = Field(8, ge=1)
+    update_steps: int = Field(1, ge=1, description="trust-region steps per agent per stage")
+    lr: float = Field(1e-5, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    gradient_checkpointing: bool = False
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    save_every: int = Field(5, ge=1)
+    seed: int = 0
+    resources: EngineResources = Field(default_factory=EngineResources)
+
+
+class ServeConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    engine: Literal["hf", "vllm"] = "hf"
+    samples_per_agent: int = Field(1, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    max_tokens: int = Field(256, ge=1)
+    max_problem_chars: int = Field(8192, ge=1)
+    api_key_env: str | None = Field(None, description="name of the env var holding the API key")
+
+
+class OutputConfig(Section):
+    dir: str = "outputs"
+    exp_name: str = "satseq"
+    tensorboard: bool = True
+
+
+class RunConfig(Section):
+    team: TeamConfig = Field(default_factory=TeamConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    sat_seq: SatSeqConfig = Field(default_factory=SatSeqConfig)
+    spo: SpoConfig = Field(default_factory=SpoConfig)
+    grpo: GrpoConfig = Field(default_factory=GrpoConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+
+    @model_validator(mode="after")
+    def _one_agent_list(self) -> RunConfig:
+        """`sat_seq.agents` (the seeds' key) and `team.agents` name the same list: merge them."""
+        seeds_agents = self.sat_seq.agents
+        if seeds_agents is not None:
+            if self.team.agents and self.team.agents != seeds_agents:
+                raise ValueError(
+                    "team.agents and sat_seq.agents disagree: give the agent list once"
+                )
+            self.team = TeamConfig(topology=self.team.topology, agents=seeds_agents)
+            self.sat_seq = self.sat_seq.model_copy(update={"agents": None})
+        if not self.team.agents:
+            raise ValueError("team.agents is empty: list at least one {name, path}")
+        return self

@@ -1,0 +1,73 @@
+"""Prompts: a problem becomes chat messages, and a tokenizer's chat template makes them text.
+
+The user message is `[tool instruction]\\n\\n<problem>\\n<answer instruction>`. The default
+answer instruction is the one the SPO recipe appends to every problem; `STEP_BY_STEP_INSTRUCTION`
+is the common Qwen-math wording. A tool run adds a ReTool-style instruction before the problem,
+telling the model how to call the sandbox (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from satseq.data.records import DataError, MathProblem
+
+SPO_ANSWER_INSTRUCTION = "The answer format must be: \\boxed{'The final answer goes here.'}"
+STEP_BY_STEP_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+TOOL_INSTRUCTION = (
+    "Solve the following problem step by step. You may run Python code to help: write it "
+    "between <code> and </code>, and a sandbox will run it and return what it prints between "
+    "<interpreter> and </interpreter>. Print the values you need to see."
+)
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a problem is put to the model.
+
+    `answer_instruction` follows the problem ("" for none); `system_prompt`, when set, is a
+    system message; `tool_instruction`, when set, precedes the problem (use it for tool runs).
+    """
+
+    answer_instruction: str = SPO_ANSWER_INSTRUCTION
+    system_prompt: str | None = None
+    tool_instruction: str | None = None
+
+
+DEFAULT_PROMPT_FORMAT = PromptFormat()
+TOOL_PROMPT_FORMAT = PromptFormat(tool_instruction=TOOL_INSTRUCTION)
+
+
+def build_messages(
+    problem: MathProblem | str, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT
+) -> list[dict[str, str]]:
+    """Chat messages (`[{role, content}]`) that ask `problem` in `prompt_format`."""
+    problem_text = problem.problem if isinstance(problem, MathProblem) else problem
+    content = problem_text
+    if prompt_format.tool_instruction:
+        content = f"{prompt_format.tool_instruction}\n\n{content}"
+    if prompt_format.answer_instruction:
+        content = f"{content}\n{prompt_format.answer_instruction}"
+    messages = [{"role": "user", "content": content}]
+    if prompt_format.system_prompt:
+        messages.insert(0, {"role": "system", "content": prompt_format.system_prompt})
+    return messages
+
+
+def apply_chat_template(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """The prompt text for `messages`, ending where the assistant's reply starts."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise DataError(
+            f"tokenizer {name!r} has no chat template; use a chat model's tokenizer or set "
+            "tokenizer.chat_template to a Jinja template"
+        )
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def build_prompt(
+    tokenizer: Any, problem: MathProblem | str, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT
+) -> str:
+    """`build_messages` then `apply_chat_template`: the text a rollout engine is given."""
+    return apply_chat_template(tokenizer, build_messages(problem, prompt_format))

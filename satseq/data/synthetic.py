@@ -1,0 +1,317 @@
+"""Synthetic integer arithmetic problems: the embedded default task (DESIGN §9).
+
+A problem is a chain of 2+ non-negative integer operands joined by +, - and *, evaluated with the
+usual precedence, optionally with one parenthesised group. It is written in symbols
+("Compute 7 + 12 - 3.") or in words ("What is seven plus 12 minus three?").
+
+Every problem carries a short worked solution for the supervised warm start of a tiny model,
+in one of two formats:
+
+- `steps`: each operation in evaluation order, then the boxed answer:
+  `7+12=19, 19-3=16. \\boxed{16}`
+- `tool`: one sandbox call, its output as the rollout loop returns it (DESIGN §5), then the answer:
+  `<code>print(7+12-3)</code><interpreter>\\n16\\n</interpreter>\\n\\boxed{16}`
+
+Splits are deterministic by seed and never share an expression: which split an expression
+belongs to is fixed by a hash of its text, whatever the seed (about `TEST_PERCENT`% go to `test`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from satseq.data.records import DataError, MathProblem
+
+Style = Literal["words", "symbols", "mixed"]
+SolutionFormat = Literal["steps", "tool"]
+
+SPLITS = ("train", "test")
+TEST_PERCENT = 20
+OPERATIONS: dict[str, Callable[[int, int], int]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+}
+OPERATOR_WORDS = {"+": "plus", "-": "minus", "*": "times"}
+SYMBOL_TEMPLATES = ("Compute {}.", "What is {}?", "Evaluate {}.", "Calculate {}.")
+WORD_TEMPLATES = ("What is {}?", "Calculate {}.", "Work out {}.", "How much is {}?")
+LARGEST_OPERAND = 999_999  # the largest number `number_to_words` spells
+
+
+@dataclass(frozen=True)
+class Difficulty:
+    """The knobs of the generator: operands per problem, their size, operators, parentheses."""
+
+    min_operands: int
+    max_operands: int
+    max_operand: int
+    operators: tuple[str, ...] = ("+", "-")
+    parentheses_probability: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.min_operands <= self.max_operands:
+            raise DataError(
+                f"difficulty needs 2 <= min_operands <= max_operands, got {self.min_operands} "
+                f"and {self.max_operands}"
+            )
+        if not 1 <= self.max_operand <= LARGEST_OPERAND:
+            raise DataError(f"difficulty max_operand must be in 1..{LARGEST_OPERAND}")
+        if not self.operators or not set(self.operators) <= set(OPERATIONS):
+            raise DataError(
+                f"difficulty operators must be a non-empty subset of {sorted(OPERATIONS)}, "
+                f"got {self.operators}"
+            )
+        if not 0.0 <= self.parentheses_probability <= 1.0:
+            raise DataError("difficulty parentheses_probability must be in [0, 1]")
+
+
+# Level 1 is sized for the embedded tiny model (800 expressions: 625 train, 175 test);
+# higher levels add operands, larger numbers, * and parentheses.
+DIFFICULTY_LEVELS = {
+    1: Difficulty(min_operands=2, max_operands=2, max_operand=20),
+    2: Difficulty(min_operands=2, max_operands=3, max_operand=50),
+    3: Difficulty(min_operands=3, max_operands=3, max_operand=20, operators=("+", "-", "*")),
+    4: Difficulty(
+        min_operands=3,
+        max_operands=4,
+        max_operand=50,
+        operators=("+", "-", "*"),
+        parentheses_probability=0.3,
+    ),
+    5: Difficulty(
+        min_operands=4,
+        max_operands=5,
+        max_operand=100,
+        operators=("+", "-", "*"),
+        parentheses_probability=0.5,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class BinaryOp:
+    """One operation of an expression tree."""
+
+    operator: str
+    left: Expression
+    right: Expression
+
+
+Expression: TypeAlias = int | BinaryOp
+
+
+@dataclass(frozen=True)
+class ArithmeticExpression:
+    """Operands and operators as written, and which operands (if any) sit in parentheses."""
+
+    operands: tuple[int, ...]
+    operators: tuple[str, ...]
+    group: tuple[int, int] | None = None  # indices of the first and last operand in parentheses
+
+    def render(
+        self,
+        number_text: Callable[[int], str] = str,
+        operator_text: Callable[[str], str] = str,
+        separator: str = "",
+    ) -> str:
+        """The expression as text; the defaults give the compact, Python-evaluable form."""
+        parts = []
+        for index, operand in enumerate(self.operands):
+            if index > 0:
+                parts.append(operator_text(self.operators[index - 1]))
+            text = number_text(operand)
+            if self.group is not None and index == self.group[0]:
+                text = "(" + text
+            if self.group is not None and index == self.group[1]:
+                text += ")"
+            parts.append(text)
+        return separator.join(parts)
+
+    def tree(self) -> Expression:
+        """The evaluation tree: the parenthesised group first, then * before + and -."""
+        if self.group is None:
+            return _precedence_tree(self.operands, self.operators)
+        first, last = self.group
+        inner = _precedence_tree(self.operands[first : last + 1], self.operators[first:last])
+        operands = (*self.operands[:first], inner, *self.operands[last + 1 :])
+        return _precedence_tree(operands, self.operators[:first] + self.operators[last:])
+
+
+def make_split(
+    split: str,
+    n: int,
+    seed: int = 0,
+    difficulty: int | Difficulty = 1,
+    style: Style = "mixed",
+    solution_format: SolutionFormat = "steps",
+) -> list[MathProblem]:
+    """`n` distinct problems of `split` ("train" or "test"), the same for the same arguments.
+
+    `difficulty` is a level of DIFFICULTY_LEVELS (1-5) or a Difficulty; `style` is "words",
+    "symbols" or "mixed" (each problem picks one). The problem text does not depend on
+    `solution_format`, so the steps and tool variants of a split hold the same problems.
+    """
+    if split not in SPLITS:
+        raise DataError(f"unknown synthetic split {split!r}; use one of {SPLITS}")
+    if n < 0:
+        raise DataError(f"number of problems must be >= 0, got {n}")
+    if style not in ("words", "symbols", "mixed"):
+        raise DataError(f"unknown style {style!r}; use 'words', 'symbols' or 'mixed'")
+    if solution_format not in ("steps", "tool"):
+        raise DataError(f"unknown solution format {solution_format!r}; use 'steps' or 'tool'")
+    knobs = _resolve_difficulty(difficulty)
+    # A string seed is hashed by `random` itself (sha512), so it is stable across runs/platforms.
+    rng = random.Random(f"satseq.synthetic/{split}/{seed}")
+    problems: list[MathProblem] = []
+    seen: set[str] = set()
+    for _ in range(50 * n + 1000):  # enough draws unless the difficulty has too few expressions
+        if len(problems) == n:
+            break
+        expression = _draw_expression(rng, knobs)
+        compact = expression.render()
+        if compact in seen or split_of(compact) != split:
+            continue
+        seen.add(compact)
+        problem_style = rng.choice(("words", "symbols")) if style == "mixed" else style
+        problems.append(
+            MathProblem(
+                problem_id=f"arith-{split}-{seed}-{len(problems)}",
+                problem=_problem_text(expression, problem_style, rng),
+                answer=str(evaluate(expression.tree())),
+                solution=_solution(expression, solution_format),
+                meta={
+                    "expression": compact,
+                    "style": problem_style,
+                    "num_operands": len(expression.operands),
+                },
+            )
+        )
+    if len(problems) < n:
+        raise DataError(
+            f"found only {len(problems)} distinct {split!r} problems at difficulty {difficulty}, "
+            f"{n} were asked for; ask for fewer, or raise the difficulty (more or larger operands)"
+        )
+    return problems
+
+
+def split_of(compact_expression: str) -> str:
+    """The split an expression belongs to, from a hash of its compact text (seed-independent)."""
+    digest = hashlib.sha256(compact_expression.encode()).digest()
+    return "test" if int.from_bytes(digest[:8], "big") % 100 < TEST_PERCENT else "train"
+
+
+def evaluate(expression: Expression, steps: list[str] | None = None) -> int:
+    """The value of an expression tree; appends each operation to `steps` as `a+b=c`."""
+    if isinstance(expression, int):
+        return expression
+    left = evaluate(expression.left, steps)
+    right = evaluate(expression.right, steps)
+    value = OPERATIONS[expression.operator](left, right)
+    if steps is not None:
+        steps.append(f"{_step_operand(left)}{expression.operator}{_step_operand(right)}={value}")
+    return value
+
+
+def number_to_words(number: int) -> str:
+    """English words for 0..999,999: 'seven', 'forty-two', 'three hundred five'."""
+    if not 0 <= number <= LARGEST_OPERAND:
+        raise ValueError(f"number_to_words takes 0..{LARGEST_OPERAND}, got {number}")
+    if number == 0:
+        return "zero"
+    thousands, rest = divmod(number, 1000)
+    words = [f"{_words_below_1000(thousands)} thousand"] if thousands else []
+    if rest:
+        words.append(_words_below_1000(rest))
+    return " ".join(words)
+
+
+_ONES = (
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+    "nineteen",
+)  # fmt: skip
+_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+
+
+def _words_below_1000(number: int) -> str:
+    hundreds, rest = divmod(number, 100)
+    words = [f"{_ONES[hundreds]} hundred"] if hundreds else []
+    if rest >= 20:
+        tens, ones = divmod(rest, 10)
+        words.append(_TENS[tens] + (f"-{_ONES[ones]}" if ones else ""))
+    elif rest:
+        words.append(_ONES[rest])
+    return " ".join(words)
+
+
+def _resolve_difficulty(difficulty: int | Difficulty) -> Difficulty:
+    if isinstance(difficulty, Difficulty):
+        return difficulty
+    if difficulty not in DIFFICULTY_LEVELS:
+        raise DataError(
+            f"unknown difficulty level {difficulty!r}; use one of {sorted(DIFFICULTY_LEVELS)} "
+            "or a Difficulty(...)"
+        )
+    return DIFFICULTY_LEVELS[difficulty]
+
+
+def _draw_expression(rng: random.Random, knobs: Difficulty) -> ArithmeticExpression:
+    num_operands = rng.randint(knobs.min_operands, knobs.max_operands)
+    operands = tuple(rng.randint(1, knobs.max_operand) for _ in range(num_operands))
+    operators = tuple(rng.choice(knobs.operators) for _ in range(num_operands - 1))
+    group = None
+    # A group must leave an operand outside it (around all of them it changes nothing): 3+ needed.
+    if num_operands >= 3 and rng.random() < knobs.parentheses_probability:
+        first = rng.randint(0, num_operands - 2)
+        last = rng.randint(first + 1, num_operands - 1 if first > 0 else num_operands - 2)
+        group = (first, last)
+    return ArithmeticExpression(operands, operators, group)
+
+
+def _precedence_tree(operands: tuple[Expression, ...], operators: tuple[str, ...]) -> Expression:
+    """Left-associative tree of a flat chain, with * binding tighter than + and -."""
+    terms = [operands[0]]
+    term_operators = []
+    for operator_symbol, operand in zip(operators, operands[1:], strict=True):
+        if operator_symbol == "*":
+            terms[-1] = BinaryOp("*", terms[-1], operand)
+        else:
+            term_operators.append(operator_symbol)
+            terms.append(operand)
+    tree = terms[0]
+    for operator_symbol, term in zip(term_operators, terms[1:], strict=True):
+        tree = BinaryOp(operator_symbol, tree, term)
+    return tree
+
+
+def _problem_text(expression: ArithmeticExpression, style: str, rng: random.Random) -> str:
+    if style == "symbols":
+        return rng.choice(SYMBOL_TEMPLATES).format(expression.render(separator=" "))
+
+    # Words style spells about half the numbers out, as people do ("seven plus 12").
+    def number_text(number: int) -> str:
+        return number_to_words(number) if rng.random() < 0.5 else str(number)
+
+    text = expression.render(number_text, OPERATOR_WORDS.__getitem__, separator=" ")
+    return rng.choice(WORD_TEMPLATES).format(text)
+
+
+def _solution(expression: ArithmeticExpression, solution_format: SolutionFormat) -> str:
+    steps: list[str] = []
+    answer = evaluate(expression.tree(), steps)
+    if solution_format == "tool":
+        return (
+            f"<code>print({expression.render()})</code>"
+            f"<interpreter>\n{answer}\n</interpreter>\n\\boxed{{{answer}}}"
+        )
+    return f"{', '.join(steps)}. \\boxed{{{answer}}}"
+
+
+def _step_operand(value: int) -> str:
+    # "3-8=-5, 2-(-5)=7" rather than the unreadable "2--5=7".
+    return f"({value})" if value < 0 else str(value)

@@ -1,0 +1,72 @@
+"""pass@k against brute-force enumeration; avg@k, maj@k and the majority vote by hand."""
+
+import itertools
+from fractions import Fraction
+
+import pytest
+
+from satseq.algo.eval_metrics import avg_at_k, maj_at_k, majority_vote, pass_at_k
+
+
+def same_number(a: str, b: str) -> bool:
+    """A test-local stand-in for math-verify: "1/2" == "0.5" == "0.50"."""
+    return Fraction(a) == Fraction(b)
+
+
+def brute_force_pass_at_k(n, c, k):
+    """The fraction of k-subsets of n samples (the first c correct) holding a correct one."""
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(i < c for i in subset) for subset in subsets) / len(subsets)
+
+
+def test_pass_at_k_matches_enumeration_over_all_k_subsets():
+    for n in range(1, 9):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert pass_at_k(n, c, k) == pytest.approx(brute_force_pass_at_k(n, c, k))
+
+
+def test_pass_at_k_hand_values():
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)  # pass@1 is the accuracy c / n
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    assert pass_at_k(5, 0, 3) == 0.0
+    assert pass_at_k(5, 3, 3) == 1.0  # n - c = 2 < k: every subset has a correct sample
+    # large n stays finite where the binomials would overflow a float
+    assert pass_at_k(2000, 1, 1000) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 2)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)
+
+
+def test_avg_at_k():
+    assert avg_at_k([True, False, True, True]) == 0.75
+    assert avg_at_k([False]) == 0.0
+    with pytest.raises(ValueError):
+        avg_at_k([])
+
+
+def test_majority_vote_clusters_by_equivalence_not_string_equality():
+    answers = ["3", "1/2", "3", "0.5", None, "0.50", "", "  "]
+    winner, votes = majority_vote(answers, same_number)
+    assert winner == "1/2"
+    assert votes == {"3": 2, "1/2": 3}
+    # string equality would pick "3"
+    assert majority_vote(answers, str.__eq__) == ("3", {"3": 2, "1/2": 1, "0.5": 1, "0.50": 1})
+
+
+def test_majority_vote_ties_go_to_the_first_cluster_to_reach_the_max():
+    # "2" reaches 2 votes at index 2, "7" only at index 3
+    assert majority_vote(["7", "2", "2.0", "7"], same_number) == ("2", {"7": 2, "2": 2})
+    assert majority_vote(["7", "2"], same_number)[0] == "7"
+    assert majority_vote([None, ""], same_number) == (None, {})
+
+
+def test_maj_at_k():
+    answers = ["3", "1/2", "3", "0.5", "0.50"]
+    correct = [False, True, False, True, True]
+    assert maj_at_k(answers, correct, same_number) == 1.0
+    assert maj_at_k(answers, correct, str.__eq__) == 0.0  # string vote picks the wrong "3"
+    assert maj_at_k([None, None], [False, False], same_number) == 0.0
+    with pytest.raises(ValueError):
+        maj_at_k(["1"], [True, False], same_number)

@@ -1,0 +1,107 @@
+"""The trust-region controller and the snapshot/restore loop on a real torch model."""
+
+import pytest
+import torch
+
+from satseq.algo.trust_region import (
+    StepDecision,
+    TrustRegion,
+    restore_training_state,
+    snapshot_training_state,
+    trust_region_step,
+)
+
+
+def test_judge_accepts_backtracks_and_grows_beta():
+    region = TrustRegion(target_kl=0.1, alpha=0.1, max_backtracks=2, beta=0.04)
+    region.begin_step()
+    assert region.judge(0.05) is StepDecision.ACCEPT
+    assert region.beta == 0.04
+    assert region.judge(0.2) is StepDecision.BACKTRACK
+    assert region.beta == pytest.approx(0.06)
+    assert region.judge(0.2) is StepDecision.BACKTRACK
+    assert region.judge(0.2) is StepDecision.REJECT  # third violation: 1 + max_backtracks attempts
+    assert region.beta == pytest.approx(0.04 * 1.5**3)
+
+
+def test_exhausted_keep_mode():
+    region = TrustRegion(target_kl=0.1, alpha=0.1, max_backtracks=0, beta=1.0, on_exhausted="keep")
+    region.begin_step()
+    assert region.judge(0.5) is StepDecision.KEEP
+
+
+def _model_and_optimizer():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.5)
+    return model, optimizer
+
+
+def _sgd_step(model, optimizer):
+    optimizer.zero_grad()
+    model(torch.ones(4, 3)).pow(2).sum().backward()
+    optimizer.step()
+
+
+def _state_equal(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_rejected_step_restores_weights_and_optimizer_state():
+    model, optimizer = _model_and_optimizer()
+    _sgd_step(model, optimizer)  # give AdamW some moment state
+    before = snapshot_training_state(model, optimizer)
+    region = TrustRegion(target_kl=0.01, alpha=0.1, max_backtracks=2, beta=0.1)
+    betas_seen = []
+
+    def take_step(beta):
+        betas_seen.append(beta)
+        _sgd_step(model, optimizer)
+        return 1.0  # always violates
+
+    outcome = trust_region_step(
+        region,
+        take_step,
+        lambda: snapshot_training_state(model, optimizer),
+        lambda s: restore_training_state(model, optimizer, s),
+    )
+    assert outcome.decision is StepDecision.REJECT and not outcome.applied
+    assert outcome.backtracks == 2 and len(outcome.kl_quantiles) == 3
+    assert betas_seen == pytest.approx([0.1, 0.15, 0.225])
+    assert _state_equal(model.state_dict(), before["model"])
+    after_opt = optimizer.state_dict()["state"]
+    for key, state in before["optimizer"]["state"].items():
+        assert torch.equal(after_opt[key]["exp_avg"], state["exp_avg"])
+        assert torch.equal(after_opt[key]["step"], state["step"])
+    # β persists into the next step
+    assert region.beta == pytest.approx(0.1 * 1.5**3)
+
+
+def test_step_accepted_after_backtrack_keeps_new_weights():
+    model, optimizer = _model_and_optimizer()
+    before = snapshot_training_state(model, optimizer)
+    region = TrustRegion(target_kl=0.1, alpha=0.1, max_backtracks=3, beta=0.1)
+    quantiles = iter([0.3, 0.05])
+
+    def take_step(beta):
+        _sgd_step(model, optimizer)
+        return next(quantiles)
+
+    outcome = trust_region_step(
+        region,
+        take_step,
+        lambda: snapshot_training_state(model, optimizer),
+        lambda s: restore_training_state(model, optimizer, s),
+    )
+    assert outcome.decision is StepDecision.ACCEPT and outcome.applied
+    assert outcome.backtracks == 1 and outcome.kl_quantiles == [0.3, 0.05]
+    assert not _state_equal(model.state_dict(), before["model"])
+    # exactly one step's worth of AdamW state: the violating attempt left no trace
+    assert all(int(s["step"]) == 1 for s in optimizer.state_dict()["state"].values())
+
+
+def test_state_dict_round_trip():
+    region = TrustRegion(target_kl=0.1, alpha=0.1, max_backtracks=3, beta=0.7)
+    other = TrustRegion(target_kl=0.1, alpha=0.1, max_backtracks=3, beta=0.1)
+    other.load_state_dict(region.state_dict())
+    assert other.beta == 0.7

@@ -1,0 +1,162 @@
+"""The synthetic arithmetic generator: deterministic, disjoint splits, correct answers."""
+
+import re
+
+import pytest
+
+from satseq.data import DIFFICULTY_LEVELS, DataError, Difficulty, make_split
+from satseq.data.synthetic import number_to_words
+
+# The test's own reading of the problem text, independent of the generator's code.
+TEMPLATE = re.compile(r"(?:Compute|What is|Evaluate|Calculate|Work out|How much is) (.+)[.?]")
+OPERATOR_SYMBOLS = {"plus": "+", "minus": "-", "times": "*"}
+NUMBER_WORDS = {
+    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14,
+    "fifteen": 15, "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20,
+    "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90,
+}  # fmt: skip
+
+
+def words_to_int(text: str) -> int:
+    total, current = 0, 0
+    for word in text.replace("-", " ").split():
+        if word == "hundred":
+            current *= 100
+        elif word == "thousand":
+            total, current = total + current * 1000, 0
+        else:
+            current += NUMBER_WORDS[word]
+    return total + current
+
+
+def python_expression(problem_text: str) -> str:
+    """The problem as a Python expression: symbols as they are, words translated back."""
+    body = TEMPLATE.fullmatch(problem_text).group(1)
+    pieces = re.split(r" (plus|minus|times) ", body)
+    if len(pieces) == 1:
+        return body.replace(" ", "")
+    parts = []
+    for index, piece in enumerate(pieces):
+        if index % 2:
+            parts.append(OPERATOR_SYMBOLS[piece])
+            continue
+        number = piece.strip("()")
+        value = number if number.isdigit() else str(words_to_int(number))
+        parts.append("(" * piece.startswith("(") + value + ")" * piece.endswith(")"))
+    return "".join(parts)
+
+
+def safe_eval(expression: str) -> int:
+    assert re.fullmatch(r"[0-9+*()-]+", expression), expression
+    return eval(expression, {"__builtins__": {}})
+
+
+def test_same_arguments_give_the_same_problems_and_another_seed_others():
+    first = make_split("train", 50, seed=3, difficulty=4)
+    assert first == make_split("train", 50, seed=3, difficulty=4)
+    assert [p.problem for p in first] != [p.problem for p in make_split("train", 50, seed=4)]
+
+
+@pytest.mark.parametrize("difficulty", [1, 3, 5])
+def test_train_and_test_share_no_expression_even_across_seeds(difficulty):
+    train = make_split("train", 300, seed=0, difficulty=difficulty)
+    test = make_split("test", 60, seed=1, difficulty=difficulty)
+    train_expressions = {p.meta["expression"] for p in train}
+    assert len(train_expressions) == 300  # distinct within a split too
+    assert train_expressions.isdisjoint(p.meta["expression"] for p in test)
+    assert {p.problem for p in train}.isdisjoint(p.problem for p in test)
+
+
+@pytest.mark.parametrize("difficulty", sorted(DIFFICULTY_LEVELS))
+def test_answers_match_an_independent_evaluation_of_the_problem_text(difficulty):
+    for problem in make_split("train", 100, seed=7, difficulty=difficulty, style="mixed"):
+        expression = python_expression(problem.problem)
+        assert problem.answer == str(safe_eval(expression)), problem
+        assert expression == problem.meta["expression"]
+
+
+def test_step_solutions_are_correct_arithmetic_ending_in_the_boxed_answer():
+    for problem in make_split("test", 100, seed=2, difficulty=5):
+        steps, boxed = re.fullmatch(r"(.+)\. \\boxed\{(-?\d+)\}", problem.solution).groups()
+        assert boxed == problem.answer
+        for step in steps.split(", "):
+            left, result = step.rsplit("=", 1)
+            assert safe_eval(left) == int(result), step
+        assert result == problem.answer  # the last step gives the answer
+
+
+def test_tool_solutions_print_the_expression_and_read_the_answer_back():
+    steps = make_split("train", 40, seed=5, difficulty=4, solution_format="steps")
+    tools = make_split("train", 40, seed=5, difficulty=4, solution_format="tool")
+    assert [p.problem for p in steps] == [p.problem for p in tools]
+    for problem in tools:
+        match = re.fullmatch(
+            r"<code>print\((.+)\)</code><interpreter>\n(-?\d+)\n</interpreter>\n\\boxed\{(-?\d+)\}",
+            problem.solution,
+        )
+        code, printed, boxed = match.groups()
+        assert str(safe_eval(code)) == printed == boxed == problem.answer
+
+
+def test_example_solutions_read_as_documented():
+    difficulty = Difficulty(min_operands=3, max_operands=3, max_operand=20)
+    problem = make_split("train", 1, seed=0, difficulty=difficulty, style="symbols")[0]
+    a, op1, b, op2, c = re.fullmatch(
+        r"(\d+)([+-])(\d+)([+-])(\d+)", problem.meta["expression"]
+    ).groups()
+    first = safe_eval(f"{a}{op1}{b}")
+    shown = f"({first})" if first < 0 else str(first)
+    expected = f"{a}{op1}{b}={first}, {shown}{op2}{c}={problem.answer}. \\boxed{{{problem.answer}}}"
+    assert problem.solution == expected
+
+
+def test_style_selects_words_symbols_or_a_mix():
+    words = make_split("train", 30, seed=0, difficulty=2, style="words")
+    symbols = make_split("train", 30, seed=0, difficulty=2, style="symbols")
+    mixed = make_split("train", 60, seed=0, difficulty=2, style="mixed")
+    assert all(re.search(r"\b(plus|minus)\b", p.problem) for p in words)
+    assert all(re.search(r"\d [+-] \d", p.problem) for p in symbols)
+    assert {p.meta["style"] for p in mixed} == {"words", "symbols"}
+
+
+def test_difficulty_bounds_operands_and_operators():
+    easy = make_split("train", 200, seed=0, difficulty=1)
+    hard = make_split("train", 200, seed=0, difficulty=5)
+    assert {p.meta["num_operands"] for p in easy} == {2}
+    assert all(0 < int(n) <= 20 for p in easy for n in re.findall(r"\d+", p.meta["expression"]))
+    assert not any("*" in p.meta["expression"] or "(" in p.meta["expression"] for p in easy)
+    assert {p.meta["num_operands"] for p in hard} == {4, 5}
+    assert any("(" in p.meta["expression"] for p in hard)
+
+
+@pytest.mark.parametrize("number", [0, 7, 13, 20, 42, 99, 100, 105, 999, 1000, 4005, 123_456])
+def test_number_words_read_back_to_the_number(number):
+    assert words_to_int(number_to_words(number)) == number
+
+
+def test_asking_for_more_problems_than_the_difficulty_holds_says_what_to_do():
+    tiny = Difficulty(min_operands=2, max_operands=2, max_operand=3, operators=("+",))
+    with pytest.raises(DataError, match=r"found only \d+ distinct 'train' problems.*fewer"):
+        make_split("train", 20, seed=0, difficulty=tiny)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"split": "validation"}, "unknown synthetic split"),
+        ({"difficulty": 9}, "unknown difficulty level 9"),
+        ({"style": "latex"}, "unknown style"),
+        ({"solution_format": "essay"}, "unknown solution format"),
+    ],
+)
+def test_bad_arguments_are_named(arguments, message):
+    with pytest.raises(DataError, match=message):
+        make_split(**{"split": "train", "n": 3, **arguments})
+
+
+def test_an_inconsistent_difficulty_is_refused():
+    with pytest.raises(DataError, match="min_operands <= max_operands"):
+        Difficulty(min_operands=4, max_operands=3, max_operand=10)
+    with pytest.raises(DataError, match="operators"):
+        Difficulty(min_operands=2, max_operands=3, max_operand=10, operators=("/",))

@@ -1,0 +1,133 @@
+"""Config loading: files, overrides, seeds' keys, and errors that name the key path."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from satseq.config import CONFIG_DIR, ConfigError, apply_override, dump_config, load_config
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+MINIMAL = "team:\n  agents:\n    - {name: a, path: /models/a}\n"
+
+
+def test_every_shipped_config_validates():
+    paths = sorted(CONFIG_DIR.glob("*.yaml"))
+    assert {p.name for p in paths} >= {"quickstart.yaml", "sat_seq.yaml", "spo.yaml", "grpo.yaml"}
+    for path in paths:
+        load_config(path)
+
+
+def test_default_is_quickstart_with_three_agents():
+    config = load_config()
+    assert [a.name for a in config.team.agents] == ["a0", "a1", "a2"]
+    assert config.algorithm.name == "sat_seq"
+
+
+def test_seeds_keys_are_accepted_as_they_are(tmp_path):
+    config = load_config(
+        write(
+            tmp_path,
+            """
+algorithm:
+  gamma: 0.9
+  lam: 0.8
+  kl_ctrl: {kl_coef: 0.02, target_kl: 0.1, quantile: 0.95}
+sat_seq:
+  epsilon: 0.3
+  A_clip: 3
+  group_size: 4
+  max_backtracks: 5
+  agents:
+    - {name: x, path: /m/x}
+    - {name: y, path: /m/y}
+""",
+        )
+    )
+    assert config.algorithm.gamma == 0.9 and config.algorithm.lam == 0.8
+    assert config.algorithm.kl_ctrl.quantile == 0.95 and config.algorithm.kl_ctrl.kl_coef == 0.02
+    assert (config.sat_seq.epsilon, config.sat_seq.A_clip) == (0.3, 3.0)
+    assert (config.sat_seq.group_size, config.sat_seq.max_backtracks) == (4, 5)
+    assert [a.name for a in config.team.agents] == ["x", "y"]  # sat_seq.agents is the team
+
+
+def test_two_different_agent_lists_are_an_error(tmp_path):
+    text = MINIMAL + "sat_seq:\n  agents: [{name: b, path: /m/b}]\n"
+    with pytest.raises(ConfigError, match=r"team\.agents and sat_seq\.agents disagree"):
+        load_config(write(tmp_path, text))
+
+
+def test_overrides_apply_in_order_and_parse_yaml_values(tmp_path):
+    config = load_config(
+        write(tmp_path, MINIMAL),
+        [
+            "trainer.stages=3",
+            "trainer.stages=4",
+            "rollout.tools.enabled=true",
+            "team.agents.0.path=/elsewhere",
+            "reward.fallbacks=[answer_is, last_number]",
+            "data.field_map={problem: question}",
+        ],
+    )
+    assert config.trainer.stages == 4
+    assert config.rollout.tools.enabled is True
+    assert config.team.agents[0].path == "/elsewhere"
+    assert config.reward.fallbacks == ["answer_is", "last_number"]
+    assert config.data.field_map == {"problem": "question"}
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("algorithm.kl_ctrl.target_kl=abc", "algorithm.kl_ctrl.target_kl"),
+        ("sat_seq.epsilonn=0.1", "sat_seq.epsilonn: unknown key"),
+        ("trainer.batch_size=0", "trainer.batch_size"),
+        ("algorithm.name=ppo", "algorithm.name"),
+        ("rollout.engine=tensorrt", "rollout.engine"),
+        ("spo.rho_min=0.99", "rho_min"),
+    ],
+)
+def test_bad_values_name_the_key_path(tmp_path, override, named):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, MINIMAL), [override])
+    assert named in str(err.value)
+    assert "run.yaml" in str(err.value)
+
+
+def test_unknown_section_in_file_names_it(tmp_path):
+    with pytest.raises(ConfigError, match="trainerr: unknown key"):
+        load_config(write(tmp_path, MINIMAL + "trainerr: {stages: 2}\n"))
+
+
+def test_file_problems_are_reported_with_the_path(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "team: [unclosed\n"))
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(write(tmp_path, "- a\n- b\n"))
+    with pytest.raises(ConfigError, match=r"team\.agents is empty"):
+        load_config(write(tmp_path, "trainer: {stages: 2}\n"))
+
+
+def test_malformed_overrides():
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        apply_override({}, "trainer.stages")
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        apply_override({"trainer": {"stages": 2}}, "trainer.stages.x=1")
+    with pytest.raises(ConfigError, match=r"index must be 0\.\.0"):
+        apply_override({"team": {"agents": [{"name": "a"}]}}, "team.agents.3.path=x")
+
+
+def test_dump_round_trips(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL), ["sat_seq.epsilon=0.15"])
+    dumped = tmp_path / "resolved.yaml"
+    dumped.write_text(dump_config(config))
+    assert load_config(dumped) == config
+    assert "agents" not in yaml.safe_load(dumped.read_text())["sat_seq"]
