@@ -12,16 +12,23 @@ PIP := $(PY) -m pip
 ACCEL ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 STAMP := $(VENV)/.installed-$(ACCEL)
 
-.PHONY: run test install lint clean
+.PHONY: run test install lint clean sandbox-deps
 
-run: $(STAMP)
+run: sandbox-deps $(STAMP)
 	$(VENV)/bin/satseq config show
 
-test: $(STAMP)
+test: sandbox-deps $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
 install: $(STAMP)
+
+# bubblewrap is the sandbox's namespace layer (Debian package; root installs it). Without it the
+# sandbox still runs, at a lower isolation level.
+sandbox-deps:
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		apt-get install -y -qq --no-install-recommends bubblewrap; } || \
+		echo "note: bubblewrap not installed (needs root); the sandbox runs below 'full' isolation"
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

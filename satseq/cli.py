@@ -18,6 +18,8 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="Inspect the run configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+sandbox_app = typer.Typer(help="The code sandbox.", no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox")
 
 errors = Console(stderr=True, soft_wrap=True)
 
@@ -40,11 +42,59 @@ def fail(message: str) -> typer.Exit:
 @config_app.command("show")
 def config_show(config: ConfigArg = None, set_: SetOption = None) -> None:
     """Print the resolved config as YAML: the file, then every --set override, then defaults."""
+    typer.echo(dump_config(resolve_config(config, set_)), nl=False)
+
+
+def resolve_config(config: Path | None, overrides: list[str] | None):
+    """The resolved RunConfig, or a clean exit naming what is wrong."""
     try:
-        resolved = load_config(config, set_ or [])
+        return load_config(config, overrides or [])
     except ConfigError as err:
         raise fail(str(err)) from None
-    typer.echo(dump_config(resolved), nl=False)
+
+
+@app.command("train")
+def train(
+    config: ConfigArg = None,
+    set_: SetOption = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue after the last checkpoint")
+    ] = False,
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", help="default: output.dir/output.exp_name")
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option("--address", help="Ray cluster address (default $RAY_ADDRESS, else local)"),
+    ] = None,
+) -> None:
+    """Train the team; with no CONFIG, the embedded default (configs/quickstart.yaml)."""
+    from satseq.cluster.driver import train as run_training
+
+    resolved = resolve_config(config, set_)
+    run_training(resolved, str(output_dir) if output_dir else None, resume=resume, address=address)
+
+
+@sandbox_app.command("serve")
+def sandbox_serve(
+    config: ConfigArg = None,
+    set_: SetOption = None,
+    port: Annotated[int, typer.Option(help="port of the /run_code server")] = 8080,
+    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
+) -> None:
+    """A SandboxFusion-compatible /run_code server (plus /v1/ping) on the local sandbox."""
+    import logging
+
+    from satseq.sandbox.backend import local_settings
+    from satseq.sandbox.isolation import SandboxUnavailable
+    from satseq.sandbox.server import serve
+
+    resolved = resolve_config(config, set_)
+    logging.basicConfig(level=logging.INFO)  # shows the active isolation layers
+    try:
+        serve(local_settings(resolved.sandbox), host=host, port=port)
+    except SandboxUnavailable as err:
+        raise fail(str(err)) from None
 
 
 def main() -> None:

@@ -35,3 +35,41 @@ def test_config_show_bad_key_is_a_clear_error_not_a_traceback(tmp_path):
     assert result.returncode == 2
     assert "sat_seq.epsilon" in result.stderr and "bad.yaml" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_sandbox_serve_answers_run_code_on_loopback():
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [*SATSEQ, "sandbox", "serve", "--port", str(port), "--set", "sandbox.min_isolation=none"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"{url}/v1/ping", timeout=2).raise_for_status()
+                break
+            except httpx.TransportError:
+                assert server.poll() is None, server.stdout.read()
+                assert time.monotonic() < deadline, "sandbox server did not come up in 60 s"
+                time.sleep(0.5)
+        reply = httpx.post(
+            f"{url}/run_code", json={"code": "print(6 * 7)", "language": "python"}, timeout=30
+        ).json()
+        assert reply["status"] == "Success"
+        assert reply["run_result"]["stdout"] == "42\n"
+        bad = httpx.post(f"{url}/run_code", json={"language": "python"}, timeout=30)
+        assert bad.status_code == 422
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -139,10 +139,24 @@ class SandboxConfig(Section):
     backend: Literal["local", "sandbox_fusion"] = "local"
     url: str | None = Field(None, description="SandboxFusion base URL for backend sandbox_fusion")
     workers: int = Field(4, ge=1)
-    timeout_s: float = Field(5.0, gt=0.0)
-    memory_mb: int = Field(512, ge=16)
-    max_output_bytes: int = Field(65536, ge=1)
-    min_isolation: Literal["none", "rlimits", "namespaces", "full"] = "rlimits"
+    queue_size: int = Field(
+        256, ge=1, description="SandboxPool: waiting requests before callers block"
+    )
+    timeout_s: float = Field(5.0, gt=0.0, le=600.0)
+    memory_mb: int = Field(512, ge=32, le=65536)
+    max_output_bytes: int = Field(65536, ge=1, le=64 * 1024 * 1024)
+    max_processes: int = Field(64, ge=8, description="tasks (processes + threads) per run")
+    max_open_files: int = Field(256, ge=16)
+    disk_mb: int = Field(64, ge=1, description="size of each writable tmpfs; the largest file")
+    cpus: float = Field(1.0, gt=0.0, description="CPU quota per slot, in cores")
+    uid_base: int = Field(61000, ge=1000, description="slot uids are claimed from here (root only)")
+    python: str | None = Field(
+        None, description="interpreter in the sandbox; None: the running one"
+    )
+    bubblewrap: bool = True
+    min_isolation: Literal["none", "rlimits", "namespaces", "full"] = Field(
+        "full", description="refuse to start below this level (fail closed)"
+    )
 
     @model_validator(mode="after")
     def _url_for_remote(self) -> SandboxConfig:
@@ -153,7 +167,10 @@ class SandboxConfig(Section):
 
 class PromptConfig(Section):
     system_prompt: str | None = None
-    instruction: str = "Please reason step by step, and put your final answer within \\boxed{}."
+    instruction: str | None = Field(
+        None,
+        description="instruction after the problem; None: the SPO recipe's \\boxed{} wording",
+    )
     tool_prompt: bool = False
 
 

@@ -16,9 +16,9 @@ from satseq.rewards.errors import (
     RewardFunctionImportError,
     ScoringTimeout,
 )
-from satseq.rewards.extract import FALLBACKS, extract_answer, last_boxed
+from satseq.rewards.extract import DEFAULT_FALLBACKS, FALLBACKS, extract_answer, last_boxed
 from satseq.rewards.format_rules import follows_think_format
-from satseq.rewards.scorer import DEFAULT_FALLBACKS, BatchScores, RewardScorer, SampleStatus
+from satseq.rewards.scorer import BatchScores, RewardScorer, SampleStatus
 
 __all__ = [
     "DEFAULT_FALLBACKS",

@@ -2,8 +2,9 @@
 
 Why a process: math-verify's own timeout is `signal.alarm`, which Python only allows in the main
 thread, and our scorers run in Ray actor threads and thread pools. A Python thread cannot be
-stopped from outside, and some hangs are inside C code (sympy raising 10 to the 10^10 is a single
-bignum operation) where even an injected exception would wait. A process can always be killed.
+stopped from outside: an exception injected into it (`PyThreadState_SetAsyncExc`) waits for the
+next bytecode, so a long C call delays it, and it can fire inside a library's cache update. A
+process can always be killed, and whatever memory the runaway call took goes with it.
 
 How: each helper is a plain `python -c` child (not `multiprocessing`, whose spawn re-imports the
 parent's `__main__`, which in a Ray worker is Ray's own). Calls and replies are pickled over a
@@ -78,7 +79,10 @@ class HelperProcess:
             Exception: whatever the warm-up raised; the helper has been killed.
         """
         if not self._ready:
-            warmed_up, warmup_error = self._receive(STARTUP_TIMEOUT_S, "starting up")
+            try:
+                warmed_up, warmup_error = self._receive(STARTUP_TIMEOUT_S, "starting up")
+            except ScoringTimeout as exc:  # a machine problem, not a slow sample
+                raise HelperProcessError(f"the helper process {exc}") from None
             if not warmed_up:  # e.g. a custom reward function that does not import
                 self.kill()
                 raise warmup_error
@@ -153,6 +157,7 @@ class BoundedProcessPool:
             ScoringTimeout: the call took longer than `timeout_s` seconds.
             HelperProcessError: the helper could not start or died (a crash, `os._exit`, OOM).
             RewardError: the arguments could not be pickled.
+            Exception: what `function`, or a new helper's warm-up, raised.
         """
         request = pickle_request(function, args, timeout_s)
         helper = self._take()
@@ -233,4 +238,7 @@ def serve(fd: int) -> None:
             reply = pickle.dumps((True, function(*args)))
         except Exception as exc:
             reply = pickle.dumps((False, _portable(exc)))
-        connection.send_bytes(reply)
+        try:
+            connection.send_bytes(reply)
+        except OSError:
+            return  # the parent died while this call ran

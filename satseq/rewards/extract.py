@@ -7,8 +7,8 @@ fallbacks are tried in order:
 - `answer_is`: "the answer is 42", "The final answer is $x=2$."
 - `last_number`: the last number in the text ("... so 1,000 people." -> "1000")
 
-Every scan here is linear in the response length: it runs in the caller's process, outside the
-verifier's deadline, so it must not be able to hang on a pathological response.
+Every scan here takes time linear in the response length: it runs in the caller's process,
+outside the verifier's deadline, so it must not be able to hang on a pathological response.
 """
 
 from __future__ import annotations
@@ -22,12 +22,17 @@ _BOX_OPENER = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # followed by a group), while `\{` and `\}` are literal set braces and never group.
 _BRACE_TOKEN = re.compile(r"\\\\|\\[{}]|[{}]")
 
-# What the text-anchored fallbacks accept as an answer: inline math, or one whitespace-free
-# token holding a digit or a LaTeX command. The digit/command requirement keeps
-# "Final Answer: The final answer is 7" from yielding "The".
-_MATH_TOKEN = r"(?P<answer>\$[^$]+\$|\\\(.+?\\\)|[^\s$]*[\d\\][^\s$]*)"
-_ANSWER_COLON = re.compile(r"\banswer\s*\**\s*:[\s*]*" + _MATH_TOKEN, re.IGNORECASE)
-_ANSWER_IS = re.compile(r"\bthe\s+(?:final\s+)?answer\s+is\s*:?[\s*]*" + _MATH_TOKEN, re.IGNORECASE)
+# What the text-anchored fallbacks accept as an answer: short inline math, or one short
+# whitespace-free token (checked afterwards to hold a digit or a LaTeX command, which keeps
+# "Final Answer: The final answer is 7" from yielding "The"). Every repetition is bounded and no
+# two adjacent ones can trade characters, so that a response stuffed with anchors costs linear,
+# not quadratic, time.
+_MATH_TOKEN = r"(?P<answer>\$[^$]{1,200}\$|\\\(.{1,200}?\\\)|[^\s$]{1,200}(?![^\s$]))"
+_ANSWER_COLON = re.compile(r"\banswer\s*(?:\*+\s*)?:[\s*]*" + _MATH_TOKEN, re.IGNORECASE)
+_ANSWER_IS = re.compile(
+    r"\bthe\s+(?:final\s+)?answer\s+is(?:\s*:)?[\s*]*" + _MATH_TOKEN, re.IGNORECASE
+)
+_LOOKS_LIKE_MATH = re.compile(r"[\d\\]")
 # A sign only where it cannot be a binary minus ("5-3" ends in 3, not -3); thousands separators
 # only in groups of exactly three digits, so a list "1,2,3" ends in 3.
 _NUMBER = re.compile(r"(?:(?<![\w.)\]}])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?")
@@ -76,8 +81,10 @@ def _clean_token(token: str) -> str:
 
 def _last_anchored(pattern: re.Pattern[str]) -> Callable[[str], str | None]:
     def find(text: str) -> str | None:
+        # "\$5" is five dollars: the escaped dollar would otherwise read as inline math.
+        text = text.replace("\\$", "")
         answers = (_clean_token(match.group("answer")) for match in pattern.finditer(text))
-        found = [answer for answer in answers if answer]
+        found = [answer for answer in answers if _LOOKS_LIKE_MATH.search(answer)]
         return found[-1] if found else None
 
     return find
@@ -98,8 +105,14 @@ FALLBACKS: dict[str, Callable[[str], str | None]] = {
 """Fallback extractors by the name that `reward.fallbacks` uses for them."""
 
 
+DEFAULT_FALLBACKS = ("answer_colon", "answer_is", "last_number")
+"""Every fallback, in the order the module docstring lists them."""
+
+
 def check_fallbacks(names: Iterable[str]) -> tuple[str, ...]:
     """Return `names` as a tuple, or raise ValueError naming any unknown fallback."""
+    if isinstance(names, str):  # a single name would otherwise be read letter by letter
+        raise ValueError(f"reward.fallbacks must be a list of names, got the string {names!r}")
     names = tuple(names)
     unknown = [name for name in names if name not in FALLBACKS]
     if unknown:

@@ -4,8 +4,9 @@ The function's signature is::
 
     def my_reward(prompt: str, response: str, ground_truth: str, **meta) -> float: ...
 
-`meta` holds the sample's other fields (for example `problem_id`, `agent`); accept `**meta` so
-that new fields do not break the function. Return a finite number; built-in scores are 0 or 1.
+`meta` holds the per-sample keyword arguments the caller passed to `RewardScorer.score` (or the
+`metas` of `score_batch`); accept `**meta` so that new fields do not break the function. Return
+a finite number; built-in scores are 0 or 1.
 
 The function runs in the scorer's helper process (see `satseq.rewards.bounded_process`), under
 the same deadline as the built-in verifier, so a hang costs one sample, not the run. It is

@@ -22,8 +22,8 @@ from typing import Any, Literal, NamedTuple
 
 from satseq.rewards import verify
 from satseq.rewards.bounded_process import BoundedProcessPool
-from satseq.rewards.errors import RewardError, RewardFunctionImportError, ScoringTimeout
-from satseq.rewards.extract import check_fallbacks, extract_answer
+from satseq.rewards.errors import RewardFunctionImportError, ScoringTimeout
+from satseq.rewards.extract import DEFAULT_FALLBACKS, check_fallbacks, extract_answer
 from satseq.rewards.format_rules import follows_think_format
 from satseq.rewards.plugin import call_reward_function, check_function_path, load_reward_function
 
@@ -32,8 +32,6 @@ logger = logging.getLogger(__name__)
 SampleStatus = Literal["scored", "no_answer", "format_violation", "timeout", "failed"]
 """What happened to a sample: `scored` by the verifier or the custom function; every other
 status scores 0."""
-
-DEFAULT_FALLBACKS = ("answer_colon", "answer_is", "last_number")
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,7 @@ class BatchScores:
 class _Outcome(NamedTuple):
     score: float
     status: SampleStatus
-    error: RewardError | None = None
+    error: Exception | None = None  # set when status is "failed"
 
 
 class RewardScorer:
@@ -159,7 +157,7 @@ class RewardScorer:
                 self.allow_percent,
                 timeout_s=self.timeout_s,
             )
-        except RewardError as exc:
+        except Exception as exc:  # a vote must not fail on one odd answer
             logger.warning(
                 "comparing answers %s and %s failed: %s", _preview(first), _preview(second), exc
             )
@@ -174,6 +172,7 @@ class RewardScorer:
             RewardFunctionImportError: the custom function could not be imported.
             RewardFunctionError: the custom function raised or returned a non-number.
             HelperProcessError: the helper process could not start or died.
+            RewardError: `meta` could not be pickled for the helper process.
         """
         outcome = self._score_sample(prompt, response, ground_truth, meta)
         if outcome.status == "failed":
@@ -245,10 +244,10 @@ class RewardScorer:
             score = float(self._helpers().call(target, *args, timeout_s=self.timeout_s))
         except RewardFunctionImportError:
             raise
-        except ScoringTimeout as exc:
+        except ScoringTimeout:
             logger.warning("%s timed out after %g s; scored 0", what, self.timeout_s)
-            return _Outcome(0.0, "timeout", exc)
-        except RewardError as exc:
+            return _Outcome(0.0, "timeout")
+        except Exception as exc:  # one bad sample must not stop the batch
             return _Outcome(0.0, "failed", exc)
         return _Outcome(score, "scored")
 

@@ -1,0 +1,100 @@
+"""What rollouts produce and learners consume: token ids with per-token ownership (DESIGN §3).
+
+Plain dataclasses of Python lists, so they cross Ray's object store cheaply and unambiguously;
+`pad_batch` turns a list of them into the [N, T] tensors the learner and `satseq.algo` use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from satseq.algo.masks import NO_OWNER
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How to sample: the same spec goes to every engine so their outputs are comparable."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()  # generation stops after any of these strings (e.g. "</code>")
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One engine sample: the new tokens and why generation ended ("stop" or "length")."""
+
+    token_ids: list[int]
+    finish_reason: str
+
+
+@dataclass
+class Trajectory:
+    """One complete response to one prompt, possibly written by several agents in turns.
+
+    response_mask[t] is 1 for tokens a model wrote (trainable) and 0 for tokens it did not
+    (tool output). owner_ids[t] is the team index of the agent that wrote token t, or NO_OWNER.
+    """
+
+    prompt_index: int  # which prompt of the stage's batch (the group id)
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    owner_ids: list[int]
+    finish_reason: str
+    response_text: str = ""
+    reward: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.response_ids)
+        if len(self.response_mask) != n or len(self.owner_ids) != n:
+            raise ValueError(
+                f"trajectory lengths disagree: {n} response ids, {len(self.response_mask)} mask "
+                f"entries, {len(self.owner_ids)} owner ids"
+            )
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """Trajectories as right-padded tensors: input_ids = prompt ‖ response, left-aligned.
+
+    input_ids, attention_mask [N, L]; response_start [N] is where each response begins;
+    response_ids, response_mask, owner_ids [N, T] are aligned to the response (padded with 0 /
+    0 / NO_OWNER). Log-probs of response token t come from logits at position start + t − 1.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_start: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    owner_ids: torch.Tensor
+
+
+def pad_batch(trajectories: list[Trajectory], pad_token_id: int) -> PaddedBatch:
+    N = len(trajectories)
+    L = max(len(t.prompt_ids) + len(t.response_ids) for t in trajectories)
+    T = max(max(len(t.response_ids) for t in trajectories), 1)
+    input_ids = torch.full((N, L), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(N, L, dtype=torch.long)
+    response_ids = torch.full((N, T), pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros(N, T)
+    owner_ids = torch.full((N, T), NO_OWNER, dtype=torch.long)
+    response_start = torch.zeros(N, dtype=torch.long)
+    for i, t in enumerate(trajectories):
+        sequence = t.prompt_ids + t.response_ids
+        input_ids[i, : len(sequence)] = torch.tensor(sequence)
+        attention_mask[i, : len(sequence)] = 1
+        response_start[i] = len(t.prompt_ids)
+        n = len(t.response_ids)
+        response_ids[i, :n] = torch.tensor(t.response_ids, dtype=torch.long)
+        response_mask[i, :n] = torch.tensor(t.response_mask, dtype=torch.float32)
+        owner_ids[i, :n] = torch.tensor(t.owner_ids, dtype=torch.long)
+    return PaddedBatch(
+        input_ids, attention_mask, response_start, response_ids, response_mask, owner_ids
+    )

@@ -1,0 +1,103 @@
+"""Config sections → the objects they build (STYLE: a YAML key names what it sets)."""
+
+from __future__ import annotations
+
+from satseq.actors.learner import LearnerSpec, LossSpec
+from satseq.actors.trajectory import SamplingSpec
+from satseq.config import RunConfig
+from satseq.data import (
+    DEFAULT_PROMPT_FORMAT,
+    TOOL_PROMPT_FORMAT,
+    MathProblem,
+    PromptFormat,
+    load_problems,
+    make_split,
+)
+from satseq.rewards import RewardScorer
+
+
+def training_problems(config: RunConfig) -> list[MathProblem]:
+    data = config.data
+    if data.train == "synthetic":
+        s = data.synthetic
+        return make_split("train", s.n_train, seed=s.seed, difficulty=s.difficulty, style=s.style)
+    loaded = load_problems(
+        data.train, split=data.split, field_map=data.field_map, skip_bad_rows=data.skip_bad_rows
+    )
+    return loaded.problems
+
+
+def prompt_format(config: RunConfig) -> PromptFormat:
+    base = TOOL_PROMPT_FORMAT if config.data.prompt.tool_prompt else DEFAULT_PROMPT_FORMAT
+    prompt = config.data.prompt
+    return PromptFormat(
+        answer_instruction=prompt.instruction
+        if prompt.instruction is not None
+        else base.answer_instruction,
+        system_prompt=prompt.system_prompt,
+        tool_instruction=base.tool_instruction,
+    )
+
+
+def reward_scorer(config: RunConfig) -> RewardScorer:
+    reward = config.reward
+    return RewardScorer(
+        function=reward.function,
+        fallbacks=tuple(reward.fallbacks),
+        allow_percent=reward.allow_percent,
+        format_rule=reward.format_rule,
+        timeout_s=reward.timeout_s,
+    )
+
+
+def sampling_spec(config: RunConfig, seed: int) -> SamplingSpec:
+    rollout = config.rollout
+    return SamplingSpec(
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        max_new_tokens=rollout.max_new_tokens,
+        seed=seed,
+    )
+
+
+def loss_spec(config: RunConfig) -> LossSpec:
+    estimator = config.algorithm.kl_ctrl.estimator
+    s = config.sat_seq
+    return LossSpec(
+        ratio=s.ratio,
+        eps_low=s.epsilon,
+        eps_high=s.epsilon,
+        aggregation="seq_mean",
+        kl_estimator=estimator,
+    )
+
+
+def learner_spec(config: RunConfig, agent_index: int, device: str, num_threads: int) -> LearnerSpec:
+    trainer, kl = config.trainer, config.algorithm.kl_ctrl
+    dtype = (
+        trainer.dtype
+        if trainer.dtype != "auto"
+        else ("bfloat16" if device == "cuda" else "float32")
+    )
+    return LearnerSpec(
+        model_path=config.team.agents[agent_index].path,
+        agent_index=agent_index,
+        loss=loss_spec(config),
+        dtype=dtype,
+        device=device,
+        lr=trainer.lr,
+        weight_decay=trainer.weight_decay,
+        grad_clip=trainer.grad_clip,
+        micro_batch_size=trainer.micro_batch_size,
+        update_steps=trainer.update_steps,
+        gradient_checkpointing=trainer.gradient_checkpointing,
+        temperature=config.rollout.temperature,
+        kl_coef=kl.kl_coef,
+        target_kl=kl.target_kl,
+        alpha=1.0 - kl.quantile,
+        beta_growth=kl.beta_growth,
+        max_backtracks=config.sat_seq.max_backtracks,
+        on_exhausted=config.sat_seq.on_exhausted,
+        seed=trainer.seed + agent_index,
+        num_threads=num_threads,
+    )

@@ -1,0 +1,148 @@
+"""The training driver behind `satseq train`: connect to Ray, start the coordinator, run the
+stages with a progress display, and end with a summary table."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from satseq.cluster.coordinator import CoordinatorActor
+from satseq.config import RunConfig, dump_config
+
+console = Console()
+
+
+def output_dir_for(config: RunConfig, output_dir: str | None) -> Path:
+    return Path(output_dir) if output_dir else Path(config.output.dir) / config.output.exp_name
+
+
+def connect(address: str | None) -> None:
+    """Join the cluster at `address` (or $RAY_ADDRESS), else start a local Ray instance."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(include_dashboard=False, log_to_driver=False)
+
+
+class StopAfterStage:
+    """First Ctrl-C: finish the running stage, checkpoint it, stop. Second: stop at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            signal.signal(signal.SIGINT, self._previous)
+            raise KeyboardInterrupt
+        self.requested = True
+        console.print(
+            "[yellow]Ctrl-C: finishing this stage and checkpointing (Ctrl-C again to abort)"
+        )
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+
+def train(
+    config: RunConfig,
+    output_dir: str | None = None,
+    resume: bool = False,
+    address: str | None = None,
+) -> list[dict[str, Any]]:
+    """Run the configured stages; returns the metrics of the stages run by this call."""
+    started = time.perf_counter()
+    out = output_dir_for(config, output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_config.yaml").write_text(dump_config(config))
+    connect(address)
+    coordinator = CoordinatorActor.options(name="satseq-coordinator").remote(
+        config, str(out), resume
+    )
+    first_stage = ray.get(coordinator.next_stage.remote())
+    if resume:
+        console.print(
+            f"resuming at stage {first_stage}"
+            if first_stage
+            else "no checkpoint found: starting at stage 0"
+        )
+    history: list[dict[str, Any]] = []
+    stop = StopAfterStage()
+    try:
+        with Progress(
+            TextColumn("[bold]stage {task.completed}/{task.total}"),
+            BarColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+        ) as progress:
+            task = progress.add_task("starting", total=config.trainer.stages, completed=first_stage)
+            for _ in range(first_stage, config.trainer.stages):
+                pending = coordinator.run_stage.remote()
+                while not ray.wait([pending], timeout=0.5)[0]:
+                    progress.update(
+                        task,
+                        description=_describe(ray.get(coordinator.get_progress.remote()), history),
+                    )
+                history.append(ray.get(pending))
+                progress.update(task, advance=1, description=_describe({"phase": "done"}, history))
+                if stop.requested:
+                    console.print(
+                        f"stopped after stage {history[-1]['stage']}; continue with --resume"
+                    )
+                    break
+    finally:
+        stop.restore()
+        ray.get(coordinator.close.remote())
+        ray.kill(coordinator)
+    if history:
+        console.print(summary_table(config, history, time.perf_counter() - started))
+        console.print(f"outputs: {out}")
+    return history
+
+
+def _describe(progress: dict[str, Any], history: list[dict[str, Any]]) -> str:
+    parts = [progress.get("phase", "")]
+    if progress.get("agent"):
+        parts.append(f"agent {progress['agent']}")
+    if history:
+        last = history[-1]
+        backtracks = sum(v for k, v in last.items() if k.startswith("backtracks/"))
+        parts.append(f"reward {last['reward/mean']:.3f}  backtracks {backtracks}")
+    return "  ".join(parts)
+
+
+def summary_table(config: RunConfig, history: list[dict[str, Any]], wall_s: float) -> Table:
+    first, last = history[0], history[-1]
+    table = Table(title=f"satseq: stages {first['stage']}–{last['stage']} in {wall_s:.0f} s")
+    table.add_column("")
+    table.add_column(f"stage {first['stage']}", justify="right")
+    table.add_column(f"stage {last['stage']}", justify="right")
+    for agent in config.team.agents:
+        key = f"reward/mean/{agent.name}"
+        table.add_row(f"reward {agent.name}", f"{first[key]:.3f}", f"{last[key]:.3f}")
+    table.add_row("reward team (mean)", f"{first['reward/mean']:.3f}", f"{last['reward/mean']:.3f}")
+    table.add_row(
+        "reward team (vote)", f"{first['reward/team_vote']:.3f}", f"{last['reward/team_vote']:.3f}"
+    )
+    backtracks = sum(v for m in history for k, v in m.items() if k.startswith("backtracks/"))
+    table.add_row("backtracks (all stages)", "", str(backtracks))
+    table.add_row(
+        "certificate (bandit bound)",
+        f"{first['certificate/bandit_lower_bound']:.3f}",
+        f"{last['certificate/bandit_lower_bound']:.3f}",
+    )
+    return table

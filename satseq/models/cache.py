@@ -1,0 +1,83 @@
+"""The builtin-model cache: `builtin:tiny*` names resolve to a directory built once per config.
+
+A build lives in `<cache_dir>/<name>-<fingerprint>/`, where the fingerprint hashes the build
+config (size, variant, seed, warm-start hyperparameters, format version) and the text it trains
+on. A directory under that name is always complete: builds happen in a temporary sibling that is
+renamed into place at the end, so a crash mid-build leaves only a temporary directory, which the
+next build removes. A lock file makes concurrent resolvers (say, three agents' actors starting
+together) wait for one build instead of each running their own.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from satseq.models.corpus import Variant
+from satseq.models.tiny import TinyBuildConfig, tiny_build_config, write_tiny_model
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_MODELS: dict[str, Variant] = {"builtin:tiny": "steps", "builtin:tiny-tool": "tool"}
+
+
+class UnknownBuiltinModelError(ValueError):
+    """A `builtin:` name that is not one of BUILTIN_MODELS."""
+
+
+def default_cache_dir() -> Path:
+    """`$SATSEQ_CACHE/models`, or `~/.cache/satseq/models` when SATSEQ_CACHE is unset."""
+    root = os.environ.get("SATSEQ_CACHE") or Path.home() / ".cache" / "satseq"
+    return Path(root).expanduser() / "models"
+
+
+def builtin_build_config(name: str) -> TinyBuildConfig:
+    """The build config behind a builtin name (the quickstart size, seed 0)."""
+    if name not in BUILTIN_MODELS:
+        raise UnknownBuiltinModelError(
+            f"unknown builtin model {name!r}; use one of {sorted(BUILTIN_MODELS)}"
+        )
+    return tiny_build_config("quickstart", BUILTIN_MODELS[name], seed=0)
+
+
+def resolve_builtin(name: str, cache_dir: str | Path | None = None) -> Path:
+    """The directory of builtin model `name`, building it into `cache_dir` if it is missing."""
+    config = builtin_build_config(name)
+    model_name = name.removeprefix(BUILTIN_PREFIX)
+    directory = Path(cache_dir or default_cache_dir()) / f"{model_name}-{config.fingerprint()}"
+    return cached_build(directory, lambda out_dir: write_tiny_model(config, out_dir))
+
+
+def cached_build(directory: Path, build: Callable[[Path], object]) -> Path:
+    """`directory`, after running `build(temporary_dir)` and renaming it there if it is missing."""
+    if directory.is_dir():
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(directory.with_name(f".{directory.name}.lock")):
+        if directory.is_dir():  # built by whoever held the lock before us
+            return directory
+        temporary_prefix = f".{directory.name}.tmp-"
+        for leftover in directory.parent.glob(temporary_prefix + "*"):
+            shutil.rmtree(leftover, ignore_errors=True)  # from a build that crashed
+        temporary = Path(tempfile.mkdtemp(prefix=temporary_prefix, dir=directory.parent))
+        try:
+            build(temporary)
+            temporary.rename(directory)
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
+    return directory
+
+
+@contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    with lock_path.open("a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)

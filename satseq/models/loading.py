@@ -1,0 +1,142 @@
+"""The one place policies are loaded: a local directory, a `builtin:` name, or a Hub name.
+
+`resolve_model_path` turns any of them into a local directory (what vLLM engines need too), and
+`load_policy` loads the model and tokenizer from it. Hub names are looked up in the Hugging Face
+cache first, so a model downloaded once loads with no network. Otherwise they are fetched, after
+a short-timeout probe of the Hub, so that a machine without network fails in seconds with a
+`ModelLoadError` saying what to do, instead of hanging on connection attempts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from huggingface_hub import HfApi, constants, snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HFValidationError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from satseq.models.cache import BUILTIN_PREFIX, UnknownBuiltinModelError, resolve_builtin
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HUB_PROBE_TIMEOUT_S = 10.0
+# What a causal LM needs from a Hub repo: configs, tokenizer files, safetensors weights (repos
+# that also ship .bin/.pt copies of the weights would otherwise be downloaded twice).
+HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be found or loaded; the message says which, why, and what to do."""
+
+
+def load_policy(
+    path_or_name: str | Path, dtype: DType = "auto", device: str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model (in eval mode, on `device`) and tokenizer of a local dir, builtin or Hub name.
+
+    `dtype="auto"` keeps the checkpoint's dtype. The tokenizer pads on the left, for batched
+    generation, and falls back to eos as its pad token if it has none.
+    """
+    if dtype != "auto" and dtype not in TORCH_DTYPES:
+        raise ModelLoadError(
+            f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(TORCH_DTYPES)}"
+        )
+    path = resolve_model_path(path_or_name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        # .to(device) rather than device_map: device_map needs `accelerate`, a whole-model move
+        # does not.
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=TORCH_DTYPES.get(dtype, "auto"))
+        model.to(device)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"could not load model {str(path_or_name)!r} from {path}: {error}"
+        ) from error
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    return model, tokenizer
+
+
+def resolve_model_path(path_or_name: str | Path) -> Path:
+    """The local directory holding `path_or_name`'s model, building or downloading it if needed."""
+    name = str(path_or_name)
+    if name.startswith(BUILTIN_PREFIX):
+        try:
+            return resolve_builtin(name)
+        except UnknownBuiltinModelError as error:
+            raise ModelLoadError(str(error)) from None
+    local = Path(name).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ModelLoadError(
+                f"{name!r} is a directory but not a model: it has no config.json (expected a "
+                "Hugging Face `save_pretrained` directory)"
+            )
+        return local
+    if local.exists() or _looks_like_a_path(name):
+        raise ModelLoadError(
+            f"model path {name!r} is not a directory; pass a Hugging Face model directory, "
+            f"a Hub name such as 'Qwen/Qwen3-4B', or one of the builtin names"
+        )
+    return _hub_snapshot(name)
+
+
+def _hub_snapshot(name: str) -> Path:
+    """The local snapshot of Hub model `name`: from the HF cache, else downloaded."""
+    try:
+        cached = snapshot_download(name, allow_patterns=HUB_FILE_PATTERNS, local_files_only=True)
+        return Path(cached)
+    except HFValidationError:
+        raise ModelLoadError(
+            f"model {name!r} is not a local directory and not a valid Hugging Face Hub name "
+            "('organisation/model'); check the path"
+        ) from None
+    except LocalEntryNotFoundError:
+        pass  # not cached: fetch it below
+    if constants.HF_HUB_OFFLINE:
+        raise ModelLoadError(_not_fetched_message(name, "HF_HUB_OFFLINE is set")) from None
+    try:
+        # Probe with a short timeout first: downloads run without one, so with no network they
+        # could wait on the operating system's connect timeout for minutes.
+        HfApi().model_info(name, timeout=HUB_PROBE_TIMEOUT_S)
+        return Path(snapshot_download(name, allow_patterns=HUB_FILE_PATTERNS))
+    except (RepositoryNotFoundError, GatedRepoError) as error:
+        reason = f"the Hub has no model {name!r} that we may read ({type(error).__name__})"
+        raise ModelLoadError(_not_fetched_message(name, reason)) from None
+    except Exception as error:  # network failures surface under many httpx/OS exception types
+        reason = f"{type(error).__name__}: {_first_line(error)}"
+        raise ModelLoadError(_not_fetched_message(name, reason)) from None
+
+
+def _not_fetched_message(name: str, reason: str) -> str:
+    return (
+        f"model {name!r} is not a local directory, is not in the Hugging Face cache "
+        f"({constants.HF_HUB_CACHE}), and could not be fetched from the Hub: {reason}. "
+        f"To use it here, download it on a connected machine (`hf download {name} "
+        "--local-dir DIR`) and pass DIR as the model path, or copy that machine's Hugging Face "
+        "cache here and point HF_HOME at it (with HF_HUB_OFFLINE=1 to skip the network)."
+    )
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """A name a user meant as a filesystem path rather than 'organisation/model'."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no details"

@@ -1,0 +1,78 @@
+"""The bubblewrap command line: what the sandboxed program can see of the machine.
+
+Inside, the program finds:
+- the system (/usr and its /bin, /lib... links) and the interpreter's directories, read-only;
+- a few files of /etc that programs read at start-up (the dynamic linker's cache, the time
+  zone), and nothing else of /etc;
+- its own /proc (its pid namespace), a minimal /dev, and size-limited tmpfs mounts at /tmp,
+  /dev/shm and the working directory, which are the only writable places;
+- no network (a new, empty network namespace), no other user namespaces (--disable-userns),
+  no capabilities, and no controlling terminal (--new-session, which blocks TIOCSTI).
+bubblewrap itself runs as the slot's uid, never as root: a root-run bubblewrap would leave the
+program's processes charged to root, and root is exempt from RLIMIT_NPROC.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+WORKDIR = "/sandbox"
+LAUNCHER = "/run/satseq/launcher.py"
+SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+ETC_FILES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime")
+
+
+def outermost(paths: list[Path]) -> list[Path]:
+    """`paths` without those that lie inside another one, in sorted order."""
+    kept: list[Path] = []
+    for path in sorted(set(paths)):
+        if not any(path.is_relative_to(parent) for parent in kept):
+            kept.append(path)
+    return kept
+
+
+def bwrap_command(bwrap: str, readable: list[Path], launcher: Path, disk_mb: int) -> list[str]:
+    """The argv prefix that starts a command in a fresh sandbox.
+
+    Args:
+        bwrap: the bubblewrap executable.
+        readable: directories to show read-only at their own paths (the interpreter's).
+        launcher: the launcher script on the host; it is shown at `LAUNCHER`.
+        disk_mb: the size of each writable tmpfs (/tmp, /dev/shm and the working directory).
+    """
+    size = str(disk_mb * 1024 * 1024)
+    command = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--cap-drop", "ALL",
+        "--hostname", "sandbox",
+        "--ro-bind", "/usr", "/usr",
+    ]  # fmt: skip
+    for name in SYSTEM_LINKS:
+        host_path = Path("/", name)
+        if host_path.is_symlink():
+            command += ["--symlink", os.readlink(host_path), str(host_path)]
+        elif host_path.is_dir():
+            command += ["--ro-bind", str(host_path), str(host_path)]
+    for name in ETC_FILES:
+        command += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    for path in outermost([p for p in readable if not p.is_relative_to("/usr")]):
+        command += ["--ro-bind", str(path), str(path)]
+    command += [
+        "--ro-bind", str(launcher), LAUNCHER,
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--size", size, "--tmpfs", "/tmp",
+        "--size", size, "--tmpfs", "/dev/shm",
+        "--size", size, "--tmpfs", WORKDIR,
+        "--remount-ro", "/",
+        "--chdir", WORKDIR,
+        "--",
+    ]  # fmt: skip
+    return command

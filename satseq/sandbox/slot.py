@@ -1,0 +1,124 @@
+"""A slot's host-side resources: its uid claim, its cgroup, its working directory, and sweeps.
+
+A slot is one unit of concurrency of the local backend. Each is served by its own supervisor
+process (supervisor.py), which holds these resources for its lifetime.
+
+Uids are claimed host-wide with a lock file per uid, so that two backends on one machine (two
+Ray actors, a test run next to a server) never share a uid: a shared uid would share
+RLIMIT_NPROC, and each one's kill sweep would kill the other's runs. A lock held by a dead
+process is released by the kernel, and the next claimant first kills whatever that uid left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pwd
+import shutil
+import signal
+import time
+from pathlib import Path
+
+STATE_DIR = Path("/run/satseq-sandbox")
+UID_RANGE = 1000  # uids tried from the configured base
+
+
+class UidClaim:
+    """An exclusive claim on one unprivileged uid, held while the lock file stays open."""
+
+    def __init__(self, uid: int, lock_fd: int) -> None:
+        self.uid = uid
+        self._lock_fd = lock_fd
+
+    @classmethod
+    def acquire(cls, uid_base: int, preferred: int, state_dir: Path = STATE_DIR) -> UidClaim:
+        """Claim the first free uid from `preferred` on, wrapping within the range that
+        starts at `uid_base`. A slot prefers the uid it had before a restart, so that the new
+        supervisor cleans up (processes, cgroup) after the old one.
+
+        Raises:
+            RuntimeError: every uid of the range is taken or belongs to a real account.
+        """
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for offset in range(UID_RANGE):
+            uid = uid_base + (preferred - uid_base + offset) % UID_RANGE
+            with contextlib.suppress(KeyError):
+                pwd.getpwuid(uid)
+                continue  # a real account: never borrow it
+            lock_file = state_dir / f"uid-{uid}.lock"
+            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            claim = cls(uid, fd)
+            claim.kill_all()  # leftovers of a previous claimant that died
+            return claim
+        raise RuntimeError(f"no free sandbox uid in {uid_base}..{uid_base + UID_RANGE - 1}")
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the uid: a child takes the uid and calls kill(-1), which
+        reaches exactly the processes that uid may signal (all of its own) except the caller.
+        The kernel walks the task list under a lock that fork needs, so none slips through."""
+        child = os.fork()  # the supervisor is single-threaded, so fork is safe here
+        if child == 0:
+            try:
+                os.setresgid(self.uid, self.uid, self.uid)
+                os.setresuid(self.uid, self.uid, self.uid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(-1, signal.SIGKILL)
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+
+    def has_processes(self) -> bool:
+        """Whether any process (zombies included) still runs as the uid; scans /proc."""
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.stat().st_uid == self.uid:
+                        return True
+        return False
+
+    def release(self) -> None:
+        os.close(self._lock_fd)
+
+
+def reap_children() -> int:
+    """Reap every child that has exited (the supervisor is a subreaper, so orphans of the runs
+    are its children); returns how many."""
+    reaped = 0
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        reaped += 1
+
+
+def wait_until(condition, timeout_s: float) -> bool:
+    """Poll `condition` (reaping as it goes) until it holds or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reap_children()
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
+
+
+def fresh_directory(path: Path, uid: int | None) -> None:
+    """Make `path` an empty directory, mode 0700, owned by `uid` (None: by us).
+
+    rmtree does not follow symlinks, so whatever a run left there cannot point it elsewhere.
+    """
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(mode=0o700, parents=True)
+    if uid is not None:
+        os.chown(path, uid, uid)

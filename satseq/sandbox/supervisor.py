@@ -1,0 +1,206 @@
+"""The slot supervisor: one process per slot that sets the slot up and runs its jobs, one at a
+time, on behalf of the local backend.
+
+Why a process per slot, rather than threads of the backend:
+- it is a child subreaper (PR_SET_CHILD_SUBREAPER), so the orphans a run leaves become its
+  children and it can reap them all with waitpid(-1), which would steal the exit statuses of
+  unrelated children in a shared process (a Ray worker, the web server);
+- it is single-threaded, so it may fork, unshare a mount namespace and use `preexec_fn`;
+- a crash takes down one slot, which the backend restarts.
+
+The supervisor runs as root where the backend does, to claim a uid, join runs to the slot's
+cgroup and sweep; the runs themselves never do. It speaks protocol.py on its stdin/stdout:
+first the slot settings, answered by the probe report, then one job per frame, answered by
+one result each. It exits, cleaning up, when its stdin closes.
+
+It imports no pydantic (start-up time): results are plain dicts whose "status" values are
+those of `satseq.sandbox.types.Status`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import traceback
+from pathlib import Path
+from typing import Any
+
+from satseq.sandbox import bubblewrap, cgroups, mount_namespace, protocol, seccomp
+from satseq.sandbox.isolation import Layer
+from satseq.sandbox.runner import Job, SlotEnvironment, run_job
+from satseq.sandbox.slot import UidClaim, fresh_directory
+
+PR_SET_CHILD_SUBREAPER = 36
+LAUNCHER_SOURCE = Path(__file__).with_name("launcher.py")
+WORKDIR_ROOT = Path("/tmp/satseq-sandbox")
+
+
+class Supervisor:
+    """Holds one slot's resources; `probe` finds out which layers work, `run` runs a job."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = settings
+        self.active: dict[Layer, str] = {}
+        self.missing: dict[Layer, str] = {}
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
+            self.active[Layer.SUBREAPER] = "kill sweep after every run"
+        else:
+            self.missing[Layer.SUBREAPER] = os.strerror(ctypes.get_errno())
+        self.claim: UidClaim | None = None
+        self.exposure_error = ""
+        if os.geteuid() == 0:
+            self.claim = UidClaim.acquire(settings["uid_base"], settings["preferred_uid"])
+            self.active[Layer.SLOT_UID] = f"uid {self.claim.uid}"
+            readable = [Path(path) for path in settings["readable"]] + [LAUNCHER_SOURCE]
+            try:
+                mount_namespace.expose(bubblewrap.outermost(readable))
+            except OSError as error:  # e.g. a container without CAP_SYS_ADMIN
+                self.exposure_error = f"; could not expose {readable} to the slot uid: {error}"
+        else:
+            self.missing[Layer.SLOT_UID] = "not running as root"
+        owner = self.claim.uid if self.claim else os.getpid()
+        self.cgroup: cgroups.SlotCgroup | None = None
+        try:
+            self.cgroup = cgroups.create_slot_cgroup(f"satseq-sandbox-{owner}")
+            controllers = " ".join(self.cgroup.directories)
+            self.active[Layer.CGROUP] = f"v{self.cgroup.version}: {controllers}"
+        except (cgroups.CgroupUnavailable, OSError) as error:
+            self.missing[Layer.CGROUP] = str(error)
+        self.host_workdir = WORKDIR_ROOT / f"slot-{owner}"
+        arch = seccomp.host_architecture()
+        self.seccomp_filter = seccomp.build_filter(arch) if arch else None
+        if arch is None:
+            self.missing[Layer.SECCOMP] = f"no system call table for {os.uname().machine}"
+
+    def _environment(self, bwrap: str | None, landlock: bool, seccomp_on: bool) -> SlotEnvironment:
+        settings = self.settings
+        readable = [Path(path) for path in settings["readable"]]
+        return SlotEnvironment(
+            python=settings["python"],
+            readable=settings["readable"],
+            bwrap_command=(
+                bubblewrap.bwrap_command(bwrap, readable, LAUNCHER_SOURCE, settings["disk_mb"])
+                if bwrap
+                else None
+            ),
+            launcher=bubblewrap.LAUNCHER if bwrap else str(LAUNCHER_SOURCE),
+            workdir=bubblewrap.WORKDIR if bwrap else str(self.host_workdir),
+            claim=self.claim,
+            cgroup=self.cgroup,
+            seccomp_filter=self.seccomp_filter if seccomp_on else None,
+            landlock=landlock,
+            disk_mb=settings["disk_mb"],
+            max_processes=settings["max_processes"],
+            max_open_files=settings["max_open_files"],
+            cpus=settings["cpus"],
+        )
+
+    def probe(self) -> dict[str, Any]:
+        """Run a trivial program through the stack, with bubblewrap if it works here, and
+        report each layer as active (with a detail) or missing (with the reason); later runs
+        use exactly the active layers."""
+        probe = Job(
+            language="python",
+            code="import sys\n",
+            probe=True,
+            timeout_s=self.settings["probe_timeout_s"],
+            memory_mb=self.settings["memory_mb"],
+            max_output_bytes=65536,
+        )
+        seccomp_on = self.seccomp_filter is not None
+        result = None
+        if not self.settings["bubblewrap"]:
+            self.missing[Layer.BUBBLEWRAP] = "disabled in the backend settings"
+        elif (path := shutil.which("bwrap")) is None:
+            self.missing[Layer.BUBBLEWRAP] = "bwrap not found (Debian: package bubblewrap)"
+        else:
+            self.environment = self._environment(path, landlock=True, seccomp_on=seccomp_on)
+            result = self.run(probe)
+            if result["status"] == "ok":
+                self.active[Layer.BUBBLEWRAP] = path
+            else:
+                self.missing[Layer.BUBBLEWRAP] = f"probe failed: {result['stderr'].strip()[-500:]}"
+                result = None
+        if result is None:
+            self.environment = self._environment(None, landlock=True, seccomp_on=seccomp_on)
+            result = self.run(probe)
+            if result["status"] != "ok":
+                raise RuntimeError(
+                    f"the sandbox cannot run a trivial program: {result}{self.exposure_error}"
+                )
+        for layer in (Layer.LANDLOCK, Layer.SECCOMP):
+            detail = result["layers"].get(str(layer))
+            if isinstance(detail, str):
+                self.missing[layer] = detail
+            elif detail is not None:
+                self.active[layer] = f"abi {detail}" if layer == Layer.LANDLOCK else "filter"
+        self.environment = self._environment(
+            self.active.get(Layer.BUBBLEWRAP),
+            landlock=Layer.LANDLOCK in self.active,
+            seccomp_on=Layer.SECCOMP in self.active,
+        )
+        if self.environment.nproc:
+            limits = "CPU FSIZE NOFILE NPROC CORE" + ("" if self.cgroup else " AS")
+            self.active[Layer.RLIMITS] = limits
+        else:
+            self.missing[Layer.RLIMITS] = "NPROC would count every process of our own uid"
+        return {
+            "pid": os.getpid(),
+            "uid": self.environment.uid,
+            "active": {str(k): v for k, v in self.active.items()},
+            "missing": {str(k): v for k, v in self.missing.items()},
+        }
+
+    def run(self, job: Job) -> dict[str, Any]:
+        """Run one job (see runner.py); without bubblewrap, in a fresh host directory."""
+        if self.environment.bwrap_command is None:
+            fresh_directory(self.host_workdir, self.environment.uid)
+        try:
+            return run_job(self.environment, job)
+        finally:
+            if self.environment.bwrap_command is None:
+                shutil.rmtree(self.host_workdir, ignore_errors=True)
+
+    def close(self) -> None:
+        """Kill what is left of the slot, remove its cgroup and directory, free its uid."""
+        if self.claim is not None:
+            self.claim.kill_all()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        shutil.rmtree(self.host_workdir, ignore_errors=True)
+        if self.claim is not None:
+            self.claim.release()
+
+
+def main() -> None:
+    """Entry point of a supervisor process; see the module docstring for the protocol."""
+    # Frames own the original stdin/stdout; anything printed by accident goes to stderr.
+    requests, replies = os.dup(0), os.dup(1)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
+    settings = protocol.read_frame(requests)
+    if settings is None:
+        return
+    supervisor = None
+    try:
+        supervisor = Supervisor(settings)
+        report = supervisor.probe()
+    except Exception as error:
+        traceback.print_exc()
+        protocol.write_frame(replies, {"error": f"{type(error).__name__}: {error}"})
+        if supervisor is not None:
+            supervisor.close()
+        return
+    protocol.write_frame(replies, report)
+    try:
+        while (message := protocol.read_frame(requests)) is not None:
+            try:
+                result = supervisor.run(Job(**message))
+            except Exception as error:
+                traceback.print_exc()
+                result = {"status": "sandbox_error", "stderr": f"supervisor: {error!r}"}
+            protocol.write_frame(replies, result)
+    finally:
+        supervisor.close()

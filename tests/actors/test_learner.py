@@ -1,0 +1,125 @@
+"""The learner in-process: teacher-forced log-probs, the update's direction, the trust region's
+restore, micro-batch accumulation and state round trips."""
+
+import pytest
+import torch
+
+from satseq.actors.learner import Learner, LearnerSpec, LossSpec
+from satseq.actors.trajectory import Trajectory, pad_batch
+from satseq.algo.logprobs import token_logprobs
+
+
+def trajectories(tokenizer, owners=(0, 0, 0, 0)):
+    prompts = ["1+2=", "3+4=", "5+6=", "7+8="]
+    responses = ["3 \\boxed{3}", "7", "11 \\boxed{11}", "15 ok"]
+    out = []
+    for i, (prompt, response, owner) in enumerate(zip(prompts, responses, owners, strict=True)):
+        ids = tokenizer.encode(response, add_special_tokens=False)
+        out.append(
+            Trajectory(
+                prompt_index=i,
+                prompt_ids=tokenizer.encode(prompt, add_special_tokens=False),
+                response_ids=ids,
+                response_mask=[1] * len(ids),
+                owner_ids=[owner] * len(ids),
+                finish_reason="stop",
+            )
+        )
+    return out
+
+
+def make_learner(path, **overrides):
+    spec = dict(model_path=path, agent_index=0, lr=1e-2, target_kl=10.0, micro_batch_size=4)
+    spec.update(overrides)
+    return Learner(LearnerSpec(**spec))
+
+
+def test_logprobs_are_teacher_forced_at_the_sampling_temperature(raw_tiny_model):
+    learner = make_learner(raw_tiny_model, temperature=0.7)
+    batch_trajs = trajectories(learner.tokenizer)
+    logp = learner.logprobs(batch_trajs)
+    t = batch_trajs[1]
+    ids = torch.tensor([t.prompt_ids + t.response_ids])
+    with torch.no_grad():
+        logits = learner.model(input_ids=ids).logits[0]
+    start = len(t.prompt_ids)
+    expected = token_logprobs(
+        logits[start - 1 : -1].unsqueeze(0), torch.tensor([t.response_ids]), 0.7
+    )
+    assert torch.allclose(logp[1, : len(t.response_ids)], expected[0], atol=1e-5)
+
+
+def test_update_moves_logprobs_in_the_direction_of_the_advantage(raw_tiny_model):
+    # small steps, so each sequence moves by its own gradient rather than its neighbours'
+    learner = make_learner(
+        raw_tiny_model, lr=1e-4, loss=LossSpec(kl_estimator="k3"), update_steps=3
+    )
+    batch_trajs = trajectories(learner.tokenizer)
+    mask = pad_batch(batch_trajs, learner.pad_token_id).response_mask
+    logp_cur = learner.logprobs(batch_trajs)
+    A = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    result = learner.update(batch_trajs, logp_cur, A, torch.ones(4))
+    assert result.accepted_steps == 3 and result.backtracks == 0
+    delta = ((result.logp_hat - logp_cur) * mask).sum(-1)
+    assert delta[0] > 0 and delta[2] > 0 and delta[1] < 0 and delta[3] < 0
+    # logp_hat is what the learner now computes
+    assert torch.allclose(result.logp_hat * mask, learner.logprobs(batch_trajs) * mask, atol=1e-5)
+
+
+def test_violated_trust_region_restores_weights_and_grows_beta(raw_tiny_model):
+    learner = make_learner(raw_tiny_model, target_kl=1e-12, max_backtracks=1, kl_coef=0.1)
+    batch_trajs = trajectories(learner.tokenizer)
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    logp_cur = learner.logprobs(batch_trajs)
+    result = learner.update(
+        batch_trajs, logp_cur, torch.tensor([1.0, -1.0, 1.0, -1.0]), torch.ones(4)
+    )
+    assert result.accepted_steps == 0 and result.backtracks == 1
+    assert learner.region.beta == pytest.approx(0.1 * 1.5**2)
+    assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
+    assert learner.optimizer.state_dict()["state"] == {}
+    assert torch.equal(result.logp_hat, logp_cur)
+
+
+def test_micro_batches_accumulate_to_the_full_batch_gradient(raw_tiny_model):
+    steps = []
+    for micro in (4, 1):
+        learner = make_learner(
+            raw_tiny_model, micro_batch_size=micro, loss=LossSpec(kl_estimator="k3")
+        )
+        # plain SGD: the step is then exactly the accumulated gradient (AdamW's first step is
+        # ~lr·sign(g) and would magnify float noise on near-zero gradients)
+        learner.optimizer = torch.optim.SGD(learner.model.parameters(), lr=0.1)
+        initial = learner.weights()
+        batch_trajs = trajectories(learner.tokenizer)
+        A = torch.tensor([1.0, -0.5, 0.3, -1.0])
+        learner.update(batch_trajs, learner.logprobs(batch_trajs), A, torch.ones(4))
+        steps.append(torch.cat([(v - initial[k]).flatten() for k, v in learner.weights().items()]))
+    step_full, step_micro = steps
+    assert step_full.norm() > 0
+    # float32 sums in another order agree to ~1e-6 relative; a wrong weighting is O(1) off
+    assert (step_full - step_micro).norm() / step_full.norm() < 1e-4
+
+
+def test_only_the_agents_own_tokens_are_trained(raw_tiny_model):
+    learner = make_learner(raw_tiny_model)  # agent 0
+    batch_trajs = trajectories(learner.tokenizer, owners=(1, 1, 2, 2))
+    before = learner.weights()
+    result = learner.update(
+        batch_trajs, learner.logprobs(batch_trajs), torch.ones(4), torch.ones(4)
+    )
+    assert result.steps == [] and result.tokens == 0
+    assert all(torch.equal(before[k], v) for k, v in learner.weights().items())
+
+
+def test_state_dict_round_trip(raw_tiny_model, tmp_path):
+    learner = make_learner(raw_tiny_model, target_kl=1e-12, max_backtracks=0)
+    batch_trajs = trajectories(learner.tokenizer)
+    learner.update(batch_trajs, learner.logprobs(batch_trajs), torch.ones(4), torch.ones(4))
+    other = make_learner(raw_tiny_model)
+    other.load_state_dict(learner.state_dict())
+    assert other.region.beta == learner.region.beta
+    assert all(torch.equal(learner.weights()[k], v) for k, v in other.weights().items())
+    saved = learner.save_pretrained(str(tmp_path / "hf"))
+    reloaded = make_learner(saved)
+    assert all(torch.equal(learner.weights()[k], v) for k, v in reloaded.weights().items())
