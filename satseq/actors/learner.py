@@ -61,6 +61,7 @@ class LearnerSpec:
     target_kl: float = 0.05
     alpha: float = 0.1  # the KL quantile is the (1 − α) quantile
     beta_growth: float = 1.5
+    step_shrink: float = 0.5
     max_backtracks: int = 3
     on_exhausted: Literal["reject", "keep"] = "reject"
     seed: int = 0
@@ -115,6 +116,7 @@ class Learner:
             max_backtracks=spec.max_backtracks,
             beta=spec.kl_coef,
             beta_growth=spec.beta_growth,
+            step_shrink=spec.step_shrink,
             on_exhausted=spec.on_exhausted,
         )
         self.pad_token_id = self.tokenizer.pad_token_id
@@ -169,7 +171,9 @@ class Learner:
         stats: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0}
         logp_after_attempt: list[torch.Tensor] = []
 
-        def take_step(beta: float) -> float:
+        def take_step(beta: float, step_scale: float) -> float:
+            for group in self.optimizer.param_groups:
+                group["lr"] = spec.lr * step_scale
             self.optimizer.zero_grad(set_to_none=True)
             loss_sum = clip_sum = 0.0
             for (rows, batch), mask, count in zip(

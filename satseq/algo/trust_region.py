@@ -6,6 +6,11 @@ optimiser state restored), β_i grows ×1.5 and the step is retried. A step gets
 1 + max_backtracks attempts; when the last one also violates, the step is exhausted: it is
 rejected (weights as before the step) or, with on_exhausted="keep" (the official code's
 behaviour), the violating step is kept. β_i persists across steps and stages.
+
+Each retry also shrinks the step (`step_scale` = step_shrink^backtracks, applied by the learner
+to its learning rate), as a backtracking line search does. β alone cannot do it: the gradient of
+KL(π_θ ‖ π_cur) is zero at θ = π_cur, so a step that starts at the stage-start weights is the
+same step whatever β is, and would violate again on every retry.
 """
 
 from __future__ import annotations
@@ -35,8 +40,14 @@ class TrustRegion:
     max_backtracks: int
     beta: float
     beta_growth: float = 1.5
+    step_shrink: float = 0.5
     on_exhausted: Literal["reject", "keep"] = "reject"
     backtracks: int = field(default=0, init=False)  # backtracks taken in the current step
+
+    @property
+    def step_scale(self) -> float:
+        """The factor on the step size for the current attempt: step_shrink^backtracks."""
+        return self.step_shrink**self.backtracks
 
     def begin_step(self) -> None:
         self.backtracks = 0
@@ -73,20 +84,21 @@ class StepOutcome:
 
 def trust_region_step(
     region: TrustRegion,
-    take_step: Callable[[float], float],
+    take_step: Callable[[float, float], float],
     save: Callable[[], Any],
     restore: Callable[[Any], None],
 ) -> StepOutcome:
     """Run one trust-region step: attempt, judge, restore and retry until accepted or exhausted.
 
-    take_step(beta) performs one optimiser step with KL penalty β and returns its KL quantile q.
+    take_step(beta, step_scale) performs one optimiser step with KL penalty β and the step size
+    scaled by step_scale, and returns its KL quantile q.
     save() snapshots weights and optimiser state; restore(snapshot) puts them back.
     """
     region.begin_step()
     snapshot = save()
     quantiles: list[float] = []
     while True:
-        q = take_step(region.beta)
+        q = take_step(region.beta, region.step_scale)
         quantiles.append(q)
         decision = region.judge(q)
         if decision in (StepDecision.ACCEPT, StepDecision.KEEP):

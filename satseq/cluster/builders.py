@@ -96,6 +96,7 @@ def learner_spec(config: RunConfig, agent_index: int, device: str, num_threads: 
         target_kl=kl.target_kl,
         alpha=1.0 - kl.quantile,
         beta_growth=kl.beta_growth,
+        step_shrink=kl.step_shrink,
         max_backtracks=config.sat_seq.max_backtracks,
         on_exhausted=config.sat_seq.on_exhausted,
         seed=trainer.seed + agent_index,

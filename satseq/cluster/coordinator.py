@@ -173,7 +173,10 @@ class Coordinator:
             rows = batch.rows_of(i, train)
             stats = self._update_agent(i, batch, rows, logp_cur, A, c)
             own = batch.owned_by([i])[rows]
-            logp_hat[rows] = torch.where(own > 0, stats.logp_hat, logp_hat[rows])
+            T_i = stats.logp_hat.shape[1]  # the agent's rows are padded to their own longest
+            logp_hat[rows, :T_i] = torch.where(
+                own[:, :T_i] > 0, stats.logp_hat, logp_hat[rows, :T_i]
+            )
             updated.append(i)
             self._push_weights(i)
             u = masked_sum(logp_hat[rows] - logp_cur[rows], own, dim=-1)
@@ -210,12 +213,11 @@ class Coordinator:
         self._set_progress("certificate")
         bandit = self._bandit_certificate(batch, logp_cur)
         self.last_gains = {name: per_agent[name]["cert/lower_bound"] for name in self.agents}
-        metrics = self._stage_metrics(batch, per_agent, degenerate_groups, bandit)
+        _lap(timings, "time/certificate", clock)
+        metrics = self._stage_metrics(batch, per_agent, degenerate_groups, bandit) | timings
         self.baseline_reward = float(R.mean())
         self.stage += 1
         self._write_outputs(metrics, per_agent, bandit)
-        _lap(timings, "time/outputs", clock)
-        metrics.update(timings)
         return metrics
 
     # --- the steps -------------------------------------------------------------------------------

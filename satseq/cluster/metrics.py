@@ -54,9 +54,12 @@ def truncate_after_stage(path: Path, stage: int | None) -> None:
     if stage is None or not path.exists():
         path.unlink(missing_ok=True)
         return
-    kept = [
-        line
-        for line in path.read_text().splitlines()
-        if line and json.loads(line)["stage"] <= stage
-    ]
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a crash mid-append
+            continue
+        if record["stage"] <= stage:
+            kept.append(line)
     path.write_text("".join(line + "\n" for line in kept))

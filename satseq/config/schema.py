@@ -46,6 +46,9 @@ class KLControlConfig(Section):
         0.9, gt=0.0, le=1.0, description="quantile level 1 − α of per-sequence KL"
     )
     beta_growth: float = Field(1.5, gt=1.0, description="β_i ← beta_growth·β_i on a violation")
+    step_shrink: float = Field(
+        0.5, gt=0.0, le=1.0, description="each retry scales the step size by this"
+    )
     estimator: Literal["exact", "k3"] = "exact"
 
 

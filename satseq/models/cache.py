@@ -11,6 +11,7 @@ together) wait for one build instead of each running their own.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 import tempfile
@@ -20,6 +21,8 @@ from pathlib import Path
 
 from satseq.models.corpus import Variant
 from satseq.models.tiny import TinyBuildConfig, tiny_build_config, write_tiny_model
+
+logger = logging.getLogger(__name__)
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS: dict[str, Variant] = {"builtin:tiny": "steps", "builtin:tiny-tool": "tool"}
@@ -49,7 +52,12 @@ def resolve_builtin(name: str, cache_dir: str | Path | None = None) -> Path:
     config = builtin_build_config(name)
     model_name = name.removeprefix(BUILTIN_PREFIX)
     directory = Path(cache_dir or default_cache_dir()) / f"{model_name}-{config.fingerprint()}"
-    return cached_build(directory, lambda out_dir: write_tiny_model(config, out_dir))
+
+    def build(out_dir: Path) -> None:
+        logger.info("building %s into %s (once; about a minute)", name, directory)
+        write_tiny_model(config, out_dir)
+
+    return cached_build(directory, build)
 
 
 def cached_build(directory: Path, build: Callable[[Path], object]) -> Path:

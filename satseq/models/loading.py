@@ -56,10 +56,7 @@ def load_policy(
     path = resolve_model_path(path_or_name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        # .to(device) rather than device_map: device_map needs `accelerate`, a whole-model move
-        # does not.
         model = AutoModelForCausalLM.from_pretrained(path, dtype=TORCH_DTYPES.get(dtype, "auto"))
-        model.to(device)
     except (OSError, ValueError) as error:
         raise ModelLoadError(
             f"could not load model {str(path_or_name)!r} from {path}: {error}"
@@ -67,8 +64,9 @@ def load_policy(
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model.eval()
-    return model, tokenizer
+    # .to(device) rather than device_map: device_map needs `accelerate`, a whole-model move
+    # does not.
+    return model.to(device).eval(), tokenizer
 
 
 def resolve_model_path(path_or_name: str | Path) -> Path:

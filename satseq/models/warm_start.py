@@ -23,7 +23,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from satseq.data import MathProblem, PromptFormat, build_prompt
 
-WARM_START_THREADS = 2  # fixed, because CPU matmul results can depend on the thread count
+# One thread: CPU matmul results can depend on the thread count, so it must be fixed, and a model
+# this small gains little from a second thread, while on a busy machine (other actors, other
+# tests) a second OpenMP thread waiting at barriers made steps up to 30x slower.
+WARM_START_THREADS = 1
 TOOL_OUTPUT_PATTERN = re.compile(r"(<interpreter>.*?</interpreter>)", re.DOTALL)
 
 

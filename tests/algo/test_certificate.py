@@ -129,7 +129,9 @@ def _trust_region_update(theta, sequences, rewards, region, steps, lr):
     theta = theta.clone().requires_grad_(True)
     optimizer = torch.optim.Adam([theta], lr=lr)
 
-    def take_step(beta):
+    def take_step(beta, step_scale):
+        for group in optimizer.param_groups:
+            group["lr"] = lr * step_scale
         optimizer.zero_grad()
         logits = _logits(theta, sequences)
         loss = policy_loss(

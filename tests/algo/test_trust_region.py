@@ -54,8 +54,8 @@ def test_rejected_step_restores_weights_and_optimizer_state():
     region = TrustRegion(target_kl=0.01, alpha=0.1, max_backtracks=2, beta=0.1)
     betas_seen = []
 
-    def take_step(beta):
-        betas_seen.append(beta)
+    def take_step(beta, step_scale):
+        betas_seen.append((beta, step_scale))
         _sgd_step(model, optimizer)
         return 1.0  # always violates
 
@@ -67,7 +67,8 @@ def test_rejected_step_restores_weights_and_optimizer_state():
     )
     assert outcome.decision is StepDecision.REJECT and not outcome.applied
     assert outcome.backtracks == 2 and len(outcome.kl_quantiles) == 3
-    assert betas_seen == pytest.approx([0.1, 0.15, 0.225])
+    assert [beta for beta, _ in betas_seen] == pytest.approx([0.1, 0.15, 0.225])
+    assert [scale for _, scale in betas_seen] == [1.0, 0.5, 0.25]  # each retry halves the step
     assert _state_equal(model.state_dict(), before["model"])
     after_opt = optimizer.state_dict()["state"]
     for key, state in before["optimizer"]["state"].items():
@@ -83,7 +84,7 @@ def test_step_accepted_after_backtrack_keeps_new_weights():
     region = TrustRegion(target_kl=0.1, alpha=0.1, max_backtracks=3, beta=0.1)
     quantiles = iter([0.3, 0.05])
 
-    def take_step(beta):
+    def take_step(beta, step_scale):
         _sgd_step(model, optimizer)
         return next(quantiles)
 

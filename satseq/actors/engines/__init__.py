@@ -1,0 +1,3 @@
+from satseq.actors.engines.base import ENGINE_KINDS, Engine, EngineKind, make_engine
+
+__all__ = ["ENGINE_KINDS", "Engine", "EngineKind", "make_engine"]

@@ -1,0 +1,124 @@
+"""The one interface every rollout engine implements, and the factory that builds one by name.
+
+An engine holds one policy (one agent's weights) and does three things with it: sample
+continuations of token-id prompts, take new weights from the learner in place, and score
+given tokens teacher-forced (for checks that the engine and the learner agree).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+
+from satseq.actors.trajectory import Generation, SamplingSpec
+
+EngineKind = Literal["hf", "vllm"]
+ENGINE_KINDS: tuple[EngineKind, ...] = ("hf", "vllm")
+
+
+class Engine(Protocol):
+    """A policy that samples, takes the learner's weights, and scores tokens.
+
+    Sampling draws from the model's softmax(logits / temperature) restricted to the top_p
+    nucleus, and nothing else (no top-k, no repetition penalty, whatever the checkpoint's
+    generation_config says), because the learner's behaviour log-probs assume exactly that.
+    """
+
+    def generate(
+        self, prompts: list[list[int]], spec: SamplingSpec, n: int = 1
+    ) -> list[list[Generation]]:
+        """`n` samples for each prompt: result[i][j] is prompt i's j-th sample.
+
+        `Generation.token_ids` holds the new tokens only, never the prompt. It ends with the
+        token that stopped generation when there is one: the eos token, or the token that
+        completed a stop string (that token is kept whole, so it may carry text past the stop
+        string). finish_reason is "stop" for those, "length" when `spec.max_new_tokens` new
+        tokens were written first. `spec.temperature == 0` means greedy decoding.
+        """
+        ...
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Replace the policy's weights in place with `weights`, named as in the learner's
+        `model.state_dict()` (Hugging Face names, fp32 CPU tensors). Later calls sample from
+        the new weights only."""
+        ...
+
+    def prompt_logprobs(
+        self, sequences: list[list[int]], start: list[int], temperature: float = 1.0
+    ) -> list[list[float]]:
+        """log π(sequences[i][t] | sequences[i][:t]) at `temperature` for t ≥ start[i] ≥ 1.
+
+        result[i] has len(sequences[i]) − start[i] entries. This is the learner's
+        teacher-forced view of the same tokens, for parity checks and benchmarks; the training
+        loop takes its behaviour log-probs from the learner (DESIGN §4), never from here.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the engine's model and caches; the engine is unusable afterwards."""
+        ...
+
+
+def make_engine(
+    kind: EngineKind,
+    model_path: str | Path,
+    *,
+    dtype: str = "float32",
+    seed: int = 0,
+    **engine_options: Any,
+) -> Engine:
+    """The `kind` engine on the model at `model_path` (a directory or any name that
+    `satseq.models.resolve_model_path` accepts).
+
+    `seed` fixes the engine's sampling stream: the same seed and the same calls give the same
+    samples. `engine_options` go to the engine's constructor (see `HFEngine` and `VLLMEngine`).
+    vLLM is imported only when asked for: importing it takes tens of seconds.
+    """
+    if kind == "hf":
+        from satseq.actors.engines.hf import HFEngine
+
+        return HFEngine(model_path, dtype=dtype, seed=seed, **engine_options)
+    if kind == "vllm":
+        from satseq.actors.engines.vllm import VLLMEngine
+
+        return VLLMEngine(model_path, dtype=dtype, seed=seed, **engine_options)
+    raise ValueError(f"unknown rollout engine {kind!r}; use one of {list(ENGINE_KINDS)}")
+
+
+def set_cpu_threads(num_threads: int) -> None:
+    """Give this process's torch `num_threads` intra-op threads.
+
+    Rollout actors, learners and sandboxes share a few cores, so engines default to one thread
+    each instead of torch's one per core. OMP_NUM_THREADS is set too because vLLM's CPU worker
+    forces torch down to one thread unless that variable says otherwise.
+    """
+    if num_threads < 1:
+        raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+    os.environ["OMP_NUM_THREADS"] = str(num_threads)
+    torch.set_num_threads(num_threads)
+
+
+def check_generate_request(prompts: list[list[int]], n: int) -> None:
+    """Raise ValueError for a `generate` call no engine can answer."""
+    if n < 1:
+        raise ValueError(f"n (samples per prompt) must be at least 1, got {n}")
+    if any(not prompt for prompt in prompts):
+        raise ValueError("every prompt needs at least one token")
+
+
+def check_logprob_request(sequences: list[list[int]], start: list[int], temperature: float) -> None:
+    """Raise ValueError, saying which sequence, for a `prompt_logprobs` call no engine can
+    answer."""
+    if len(sequences) != len(start):
+        raise ValueError(f"{len(sequences)} sequences but {len(start)} start positions")
+    if temperature <= 0:
+        raise ValueError(f"log-probs need a temperature > 0, got {temperature}")
+    for i, (sequence, first) in enumerate(zip(sequences, start, strict=True)):
+        if not 1 <= first <= len(sequence):
+            raise ValueError(
+                f"sequence {i}: start {first} is outside [1, {len(sequence)}] (the first token "
+                "has no prefix to be scored on)"
+            )

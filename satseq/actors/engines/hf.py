@@ -1,0 +1,204 @@
+"""The Hugging Face engine: `model.generate` on the learner's own model class.
+
+Slower than vLLM on big models, but it needs nothing beyond transformers, runs anywhere the
+learner runs, and shares the learner's forward pass, so its log-probs match the learner's
+exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+from satseq.actors.engines.base import (
+    check_generate_request,
+    check_logprob_request,
+    set_cpu_threads,
+)
+from satseq.actors.forward import response_logprobs
+from satseq.actors.trajectory import (
+    Generation,
+    PaddedBatch,
+    SamplingSpec,
+    Trajectory,
+    pad_batch,
+)
+from satseq.models import load_policy
+
+
+class HFEngine:
+    """One policy sampled with transformers' `generate`, in left-padded micro-batches.
+
+    Options: `num_threads` (torch intra-op threads for this process), `max_batch_size`
+    (sequences per `generate` call, which bounds memory), `device`.
+
+    Seeding: a call with `spec.seed` samples the whole call under `torch.manual_seed(spec.seed)`,
+    so the same requests with the same seed give the same samples. A call without one takes its
+    seed from a stream seeded by the engine's `seed`. The process's global RNG state is left as
+    it was.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        num_threads: int = 1,
+        max_batch_size: int = 64,
+        device: str = "cpu",
+    ) -> None:
+        set_cpu_threads(num_threads)
+        self.model, self.tokenizer = load_policy(model_path, dtype, device)
+        self.device = torch.device(device)
+        self.max_batch_size = max_batch_size
+        self.pad_token_id = self.tokenizer.pad_token_id
+        self.eos_token_ids = _eos_token_ids(self.model.generation_config, self.tokenizer)
+        # Drop the checkpoint's sampling defaults (top_k, repetition_penalty, ...): `generate`
+        # would apply them to any setting a call leaves unset.
+        self.model.generation_config = GenerationConfig(
+            eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id
+        )
+        self._seeds = random.Random(seed)
+
+    def generate(
+        self, prompts: list[list[int]], spec: SamplingSpec, n: int = 1
+    ) -> list[list[Generation]]:
+        check_generate_request(prompts, n)
+        expanded = [prompt for prompt in prompts for _ in range(n)]
+        seed = spec.seed if spec.seed is not None else self._seeds.getrandbits(63)
+        generations: list[Generation] = []
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for first in range(0, len(expanded), self.max_batch_size):
+                chunk = expanded[first : first + self.max_batch_size]
+                generations.extend(self._generate_batch(chunk, spec))
+        return [generations[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _generate_batch(self, prompts: list[list[int]], spec: SamplingSpec) -> list[Generation]:
+        width = max(len(prompt) for prompt in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            attention_mask[row, width - len(prompt) :] = 1
+        stops = StopRecorder(self.tokenizer, width, spec.stop, self.eos_token_ids, len(prompts))
+        with torch.inference_mode():
+            output = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                generation_config=self._generation_config(spec),
+                stopping_criteria=StoppingCriteriaList([stops]),
+            )
+        new_tokens = output[:, width:].tolist()
+        return [
+            Generation(tokens, "length") if end is None else Generation(tokens[:end], "stop")
+            for tokens, end in zip(new_tokens, stops.stopped_at, strict=True)
+        ]
+
+    def _generation_config(self, spec: SamplingSpec) -> GenerationConfig:
+        common = dict(
+            max_new_tokens=spec.max_new_tokens,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+        )
+        if spec.temperature == 0:
+            return GenerationConfig(do_sample=False, **common)
+        # top_k=0 turns off transformers' default top-k of 50.
+        return GenerationConfig(
+            do_sample=True, temperature=spec.temperature, top_p=spec.top_p, top_k=0, **common
+        )
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(weights, strict=True)
+
+    def prompt_logprobs(
+        self, sequences: list[list[int]], start: list[int], temperature: float = 1.0
+    ) -> list[list[float]]:
+        check_logprob_request(sequences, start, temperature)
+        trajectories = [
+            Trajectory(
+                prompt_index=i,
+                prompt_ids=sequence[:first],
+                response_ids=sequence[first:],
+                response_mask=[1] * (len(sequence) - first),
+                owner_ids=[0] * (len(sequence) - first),
+                finish_reason="stop",
+            )
+            for i, (sequence, first) in enumerate(zip(sequences, start, strict=True))
+        ]
+        batch = pad_batch(trajectories, self.pad_token_id)
+        with torch.inference_mode():
+            logprobs = response_logprobs(self.model, _to_device(batch, self.device), temperature)
+        return [logprobs[i, : len(t.response_ids)].tolist() for i, t in enumerate(trajectories)]
+
+    def close(self) -> None:
+        self.model = None
+
+
+class StopRecorder(StoppingCriteria):
+    """Stops each row of a batch at its first eos token or stop string, and records where.
+
+    `stopped_at[row]` is the number of new tokens the row kept (its stopping token included),
+    or None if it never stopped. `generate` pads finished rows up to the batch's longest, so
+    this record, not the padding, says where each sample ends.
+
+    Stop strings are matched on the decoded new text (special tokens skipped), as vLLM matches
+    them. Rows are checked after every token, so a stop string is complete only on the step
+    that writes its last byte; every token is at least one byte long, so the last
+    `len(stop in bytes)` tokens always hold all of it and only those are decoded.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        prompt_width: int,
+        stop: tuple[str, ...],
+        eos_token_ids: list[int],
+        batch_size: int,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.prompt_width = prompt_width
+        self.stop = stop
+        self.eos_token_ids = set(eos_token_ids)
+        self.window = max((len(s.encode()) for s in stop), default=0)
+        self.stopped_at: list[int | None] = [None] * batch_size
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        num_new = input_ids.shape[1] - self.prompt_width
+        last_tokens = input_ids[:, -1].tolist()
+        for row, stopped in enumerate(self.stopped_at):
+            if stopped is None and (
+                last_tokens[row] in self.eos_token_ids
+                or self._ends_with_stop_string(input_ids[row])
+            ):
+                self.stopped_at[row] = num_new
+        return torch.tensor(
+            [stopped is not None for stopped in self.stopped_at], device=input_ids.device
+        )
+
+    def _ends_with_stop_string(self, row: torch.Tensor) -> bool:
+        if not self.stop:
+            return False
+        first = max(self.prompt_width, row.shape[0] - self.window)
+        text = self.tokenizer.decode(row[first:].tolist(), skip_special_tokens=True)
+        return any(s in text for s in self.stop)
+
+
+def _eos_token_ids(generation_config: GenerationConfig, tokenizer) -> list[int]:
+    """The checkpoint's eos ids (generation_config and tokenizer), as vLLM collects them."""
+    configured = generation_config.eos_token_id
+    ids = [configured] if isinstance(configured, int) else list(configured or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("the model has no eos token in its generation_config or tokenizer")
+    return ids
+
+
+def _to_device(batch: PaddedBatch, device: torch.device) -> PaddedBatch:
+    return PaddedBatch(**{f.name: getattr(batch, f.name).to(device) for f in fields(batch)})

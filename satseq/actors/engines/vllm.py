@@ -1,0 +1,187 @@
+"""The vLLM engine: a `vllm.LLM` living inside the calling process (the rollout actor's).
+
+The engine core runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) rather than in a child
+process, so that the learner's weights reach the model as Python objects, with no
+serialisation and no second process per agent competing for the same cores.
+
+Weight sync uses vLLM's own in-place reload (`Worker.reload_weights`): it rebuilds each layer
+from the checkpoint-format tensors and reruns the layer's weight post-processing. That rerun
+matters on CPU, where linear layers keep their weights only inside a prepacked oneDNN handle
+(the `weight` parameter is emptied), so copying into parameters, or calling
+`model.load_weights` directly, cannot update them. Tied embeddings need nothing special: the
+reload skips `lm_head.weight` and the head reads the updated embedding. After a reload the
+prefix cache is reset, since its KV blocks were computed with the old weights.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+import vllm
+from vllm.platforms import current_platform
+from vllm.v1.engine.core_client import InprocClient
+
+from satseq.actors.engines.base import (
+    check_generate_request,
+    check_logprob_request,
+    set_cpu_threads,
+)
+from satseq.actors.trajectory import Generation, SamplingSpec
+from satseq.models import resolve_model_path
+
+# What works on a few CPU cores: no graph compilation (it costs minutes of start-up and needs
+# Triton), and an explicit KV-cache size (vLLM's default reserves a fraction of all RAM).
+CPU_DEFAULTS: dict[str, Any] = {"enforce_eager": True, "kv_cache_memory_bytes": 256 << 20}
+
+# vLLM keeps its distributed state (process groups) in module globals that every engine of a
+# process shares, and an engine's shutdown destroys them. So only the last engine to close
+# may shut down fully; the others just let go of their model and caches.
+_open_engines: weakref.WeakSet[VLLMEngine] = weakref.WeakSet()
+
+
+class VLLMEngine:
+    """One policy served by an in-process `vllm.LLM`.
+
+    Options: `num_threads` (torch threads of this process, on CPU), and any `vllm.LLM`
+    argument (`max_model_len`, `kv_cache_memory_bytes`, `gpu_memory_utilization`, ...), which
+    override CPU_DEFAULTS.
+
+    Seeding: `LLM(seed=seed)` seeds the engine's sampling stream. A call with `spec.seed`
+    samples prompt i with its own generator seeded `spec.seed + i`, so the same requests with
+    the same seed give the same samples whatever else the engine is doing.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        num_threads: int = 1,
+        **llm_options: Any,
+    ) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        options: dict[str, Any] = {
+            # prompt_logprobs at a temperature ≠ 1 needs the whole vocabulary's log-probs
+            "max_logprobs": -1,
+            **(CPU_DEFAULTS if current_platform.is_cpu() else {}),
+            **llm_options,
+        }
+        if current_platform.is_cpu():
+            set_cpu_threads(num_threads)
+        real_set_num_threads = torch.set_num_threads
+        try:
+            self.llm = vllm.LLM(
+                model=str(resolve_model_path(model_path)), dtype=dtype, seed=seed, **options
+            )
+        finally:
+            # vLLM's CPU worker swaps torch.set_num_threads for a no-op, meant for worker
+            # processes whose threads it pinned to cores. This engine runs unpinned in the
+            # caller's process, which keeps control of its threads.
+            torch.set_num_threads = real_set_num_threads
+        if not isinstance(self.llm.llm_engine.engine_core, InprocClient):
+            raise RuntimeError(
+                "vLLM started its engine core in a child process although "
+                "VLLM_ENABLE_V1_MULTIPROCESSING=0 was set; an earlier vLLM engine in this "
+                "process probably read the variable first. Weight sync needs the engine in "
+                "this process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 before any vLLM engine starts."
+            )
+        _open_engines.add(self)
+
+    def generate(
+        self, prompts: list[list[int]], spec: SamplingSpec, n: int = 1
+    ) -> list[list[Generation]]:
+        check_generate_request(prompts, n)
+        # Greedy samples are all the same and vLLM refuses n > 1 with greedy: draw one, copy it.
+        copies = n if spec.temperature == 0 else 1
+        params = [
+            vllm.SamplingParams(
+                n=n // copies,
+                temperature=spec.temperature,
+                top_p=spec.top_p,
+                max_tokens=spec.max_new_tokens,
+                stop=list(spec.stop),
+                seed=None if spec.seed is None else spec.seed + i,
+            )
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(_token_prompts(prompts), params, use_tqdm=False)
+        return [
+            [Generation(list(sample.token_ids), sample.finish_reason) for sample in output.outputs]
+            * copies
+            for output in outputs
+        ]
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        # In-process, collective_rpc hands the iterator to the worker as it is.
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": iter(weights.items())}
+        )
+        self.llm.reset_prefix_cache()
+
+    def prompt_logprobs(
+        self, sequences: list[list[int]], start: list[int], temperature: float = 1.0
+    ) -> list[list[float]]:
+        """See `Engine.prompt_logprobs`.
+
+        vLLM scores prompt tokens at temperature 1 only. For another temperature this asks for
+        the log-probs of the whole vocabulary, z − logsumexp(z), and renormalises them after
+        dividing by the temperature (the logsumexp shift cancels in the softmax): exact, but
+        it builds vocab-size dicts per token, so keep it to small vocabularies and checks.
+        """
+        check_logprob_request(sequences, start, temperature)
+        whole_vocabulary = temperature != 1.0
+        params = vllm.SamplingParams(
+            max_tokens=1, prompt_logprobs=-1 if whole_vocabulary else 0, detokenize=False
+        )
+        outputs = self.llm.generate(_token_prompts(sequences), params, use_tqdm=False)
+        result = []
+        for output, sequence, first in zip(outputs, sequences, start, strict=True):
+            positions = output.prompt_logprobs[first:]
+            targets = sequence[first:]
+            if whole_vocabulary:
+                result.append(_at_temperature(positions, targets, temperature))
+            else:
+                result.append(
+                    [
+                        scores[token].logprob
+                        for scores, token in zip(positions, targets, strict=True)
+                    ]
+                )
+        return result
+
+    def close(self) -> None:
+        if self not in _open_engines:
+            return
+        _open_engines.discard(self)
+        client = self.llm.llm_engine.engine_core
+        if _open_engines:
+            # Keep the shared process groups alive for the other engines: skip the shutdown
+            # (which would run when the client is collected, too) and undo the gc.freeze() the
+            # engine did at start-up, so its model and caches can be collected.
+            client._finalizer.detach()
+            gc.unfreeze()
+        else:
+            client.shutdown()
+        del self.llm
+        gc.collect()
+
+
+def _token_prompts(prompts: list[list[int]]) -> list[vllm.TokensPrompt]:
+    return [vllm.TokensPrompt(prompt_token_ids=prompt) for prompt in prompts]
+
+
+def _at_temperature(positions, targets: list[int], temperature: float) -> list[float]:
+    """log softmax(logp / T)[target] at each position, from whole-vocabulary log-probs."""
+    result = []
+    for scores, target in zip(positions, targets, strict=True):
+        token_ids = torch.tensor(list(scores.keys()))
+        logp = torch.tensor([entry.logprob for entry in scores.values()], dtype=torch.float32)
+        tempered = torch.log_softmax(logp / temperature, dim=-1)
+        result.append(tempered[token_ids == target].item())
+    return result

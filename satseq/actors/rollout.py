@@ -1,0 +1,90 @@
+"""The rollout actor: one inference engine per agent, in one process (DESIGN §3 step 2).
+
+`RolloutWorker` is the plain class, usable in-process; `RolloutActor` is the same class as a
+Ray actor. Give each actor a readable name in the Ray dashboard and logs when starting it:
+
+    rollout = RolloutActor.options(name="rollout-0").remote(
+        {"solver": "outputs/exp/agent_solver/stage_3", "checker": "builtin:tiny"},
+        engine="vllm", engine_options={"max_model_len": 1024}, seed=0,
+    )
+    generations = ray.get(rollout.generate.remote([("solver", prompt_ids, 4)], spec))
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+from typing import Any
+
+import ray
+import torch
+
+from satseq.actors.engines import Engine, EngineKind, make_engine
+from satseq.actors.trajectory import Generation, SamplingSpec
+
+Request = tuple[str, list[int], int]
+"""(agent name, prompt token ids, number of samples)."""
+
+
+class RolloutWorker:
+    """Samples from each agent's current policy and takes each agent's new weights.
+
+    Agent k's engine is seeded `seed + k` (k in `agent_paths` order), so agents that start
+    from the same checkpoint still draw different samples.
+    """
+
+    def __init__(
+        self,
+        agent_paths: dict[str, str],
+        engine: EngineKind = "hf",
+        engine_options: dict[str, Any] | None = None,
+        seed: int = 0,
+    ) -> None:
+        if not agent_paths:
+            raise ValueError("a rollout worker needs at least one agent")
+        self.engine_kind = engine
+        self.engines: dict[str, Engine] = {
+            name: make_engine(engine, path, seed=seed + k, **(engine_options or {}))
+            for k, (name, path) in enumerate(agent_paths.items())
+        }
+
+    def ready(self) -> dict[str, Any]:
+        """Returns once every engine has started: {"engine": kind, "agents": names}."""
+        return {"engine": self.engine_kind, "agents": list(self.engines)}
+
+    def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Generation]]:
+        """result[r] holds the n samples of requests[r].
+
+        Requests go to their agent's engine in one call per (agent, n), in first-seen order.
+        With `spec.seed` set, the k-th such call is seeded `spec.seed + k`, so calls do not
+        share random draws and the same requests with the same seed give the same samples.
+        """
+        groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for index, (agent, _, n) in enumerate(requests):
+            groups[(agent, n)].append(index)
+        results: list[list[Generation]] = [[] for _ in requests]
+        for k, ((agent, n), indices) in enumerate(groups.items()):
+            call_spec = spec if spec.seed is None else replace(spec, seed=spec.seed + k)
+            prompts = [requests[index][1] for index in indices]
+            samples = self._engine(agent).generate(prompts, call_spec, n)
+            for index, request_samples in zip(indices, samples, strict=True):
+                results[index] = request_samples
+        return results
+
+    def load_weights(self, agent: str, weights: dict[str, torch.Tensor]) -> None:
+        """Push the learner's `state_dict()` into `agent`'s engine in place."""
+        self._engine(agent).load_weights(weights)
+
+    def _engine(self, agent: str) -> Engine:
+        if agent not in self.engines:
+            raise KeyError(
+                f"no agent {agent!r} in this rollout worker; it holds {sorted(self.engines)}"
+            )
+        return self.engines[agent]
+
+    def close(self) -> None:
+        for engine in self.engines.values():
+            engine.close()
+
+
+RolloutActor = ray.remote(RolloutWorker)

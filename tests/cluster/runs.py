@@ -1,0 +1,38 @@
+"""Helpers for end-to-end training runs: the real `satseq` command on real Ray."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+SATSEQ = str(Path(sys.executable).parent / "satseq")
+# A short quickstart: 3 agents, 4 prompts × G=6 per stage, 1 held out for the certificate.
+SHORT_RUN = ["--set", "trainer.batch_size=4", "--set", "rollout.max_new_tokens=32"]
+TIMING_KEYS = ("time/", "tokens_per_s/")
+
+
+def train_command(output_dir: Path, stages: int, *extra: str) -> list[str]:
+    return [
+        SATSEQ,
+        "train",
+        *SHORT_RUN,
+        "--set",
+        f"trainer.stages={stages}",
+        "--output-dir",
+        str(output_dir),
+        *extra,
+    ]
+
+
+def run_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def read_metrics(output_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def without_timings(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith(TIMING_KEYS)}

@@ -1,0 +1,71 @@
+"""`ray job submit --working-dir . -- satseq train ...` against a local `ray start --head`."""
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.runs import SHORT_RUN, read_metrics, run_env
+
+pytestmark = pytest.mark.slow
+RAY = str(Path(sys.executable).parent / "ray")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_ray_job_submit_runs_training_on_a_loopback_cluster(tmp_path, built_quickstart_model):
+    gcs_port, dashboard_port = free_port(), free_port()
+    env = run_env()
+    subprocess.run(
+        [
+            RAY,
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={gcs_port}",
+            "--num-cpus=2",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard_port}",
+            "--disable-usage-stats",
+        ],
+        check=True,
+        timeout=180,
+        env=env,
+    )
+    try:
+        output_dir = tmp_path / "job_run"
+        job = subprocess.run(
+            [
+                RAY,
+                "job",
+                "submit",
+                f"--address=http://127.0.0.1:{dashboard_port}",
+                "--working-dir",
+                str(REPO),
+                "--",
+                "satseq",
+                "train",
+                *SHORT_RUN,
+                "--set",
+                "trainer.stages=1",
+                "--output-dir",
+                str(output_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=env,
+        )
+        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+        assert "succeeded" in job.stdout
+        assert [m["stage"] for m in read_metrics(output_dir)] == [0]
+    finally:
+        subprocess.run([RAY, "stop", "--force"], timeout=120, env=env)
