@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed-$(ACCEL)
 .PHONY: run test install lint clean sandbox-deps
 
 run: sandbox-deps $(STAMP)
-	$(VENV)/bin/satseq config show
+	$(VENV)/bin/satseq train
 
 test: sandbox-deps $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -143,20 +143,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-50m", action="store_true")
     args = parser.parse_args()
-    spec = SamplingSpec(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
+    # Unseeded, as in training: vLLM samples seeded requests with per-request generators.
+    spec = SamplingSpec(temperature=1.0, max_new_tokens=args.max_new_tokens)
     print(
         f"{args.prompts} prompts x {args.samples} samples, up to {args.max_new_tokens} new "
         f"tokens, {args.threads} thread(s) per engine, fastest of {args.repeats} turns"
     )
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         bench_model("tiny (0.16M)", str(resolve_model_path("builtin:tiny")), args, spec, True)
-        if not args.skip_50m:
-            with tempfile.TemporaryDirectory() as scratch:
-                path = str(build_tiny_model(f"{scratch}/50m", size="50m"))
-                bench_model("random 50M", path, args, spec, False)
     finally:
         ray.shutdown()
+    if not args.skip_50m:
+        with tempfile.TemporaryDirectory() as scratch:
+            path = str(build_tiny_model(f"{scratch}/50m", size="50m"))
+            bench_model("random 50M", path, args, spec, False)
 
 
 if __name__ == "__main__":

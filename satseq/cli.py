@@ -20,6 +20,8 @@ config_app = typer.Typer(help="Inspect the run configuration.", no_args_is_help=
 app.add_typer(config_app, name="config")
 sandbox_app = typer.Typer(help="The code sandbox.", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
+model_app = typer.Typer(help="Models: the embedded tiny model.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
 
 errors = Console(stderr=True, soft_wrap=True)
 
@@ -73,6 +75,26 @@ def train(
 
     resolved = resolve_config(config, set_)
     run_training(resolved, str(output_dir) if output_dir else None, resume=resume, address=address)
+
+
+@model_app.command("build-tiny")
+def model_build_tiny(
+    out: Annotated[Path, typer.Option("--out", help="directory to write the HF model into")],
+    size: Annotated[str, typer.Option(help="quickstart | 50m (random init)")] = "quickstart",
+    variant: Annotated[str, typer.Option(help="steps | tool (warm-started on tool use)")] = "steps",
+    seed: int = 0,
+    warm_start_steps: Annotated[int | None, typer.Option(help="override the size's steps")] = None,
+) -> None:
+    """Build the embedded tiny Qwen2 model (tokenizer, chat template, warm start)."""
+    from satseq.models import TinyModelError, build_tiny_model
+
+    try:
+        path = build_tiny_model(
+            out, size=size, variant=variant, seed=seed, warm_start_steps=warm_start_steps
+        )
+    except TinyModelError as err:
+        raise fail(str(err)) from None
+    typer.echo(f"built {path}")
 
 
 @sandbox_app.command("serve")

@@ -73,3 +73,14 @@ def test_sandbox_serve_answers_run_code_on_loopback():
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_model_build_tiny_writes_a_loadable_hf_directory(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    result = run("model", "build-tiny", "--out", str(tmp_path / "m"), "--warm-start-steps", "1")
+    assert result.returncode == 0, result.stderr
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "m").config.model_type == "qwen2"
+    assert AutoTokenizer.from_pretrained(tmp_path / "m").chat_template
+    bad = run("model", "build-tiny", "--out", str(tmp_path / "x"), "--variant", "nope")
+    assert bad.returncode == 2 and "variant" in bad.stderr

@@ -71,9 +71,9 @@ class RolloutWorker:
                 results[index] = request_samples
         return results
 
-    def load_weights(self, agent: str, weights: dict[str, torch.Tensor]) -> None:
-        """Push the learner's `state_dict()` into `agent`'s engine in place."""
-        self._engine(agent).load_weights(weights)
+    def load_weights(self, agent_name: str, weights: dict[str, torch.Tensor]) -> None:
+        """Push the learner's `state_dict()` into `agent_name`'s engine in place."""
+        self._engine(agent_name).load_weights(weights)
 
     def _engine(self, agent: str) -> Engine:
         if agent not in self.engines:

@@ -20,7 +20,7 @@ def training_problems(config: RunConfig) -> list[MathProblem]:
     data = config.data
     if data.train == "synthetic":
         s = data.synthetic
-        return make_split("train", s.n_train, seed=s.seed, difficulty=s.difficulty, style=s.style)
+        return make_split(s.split, s.n_train, seed=s.seed, difficulty=s.difficulty, style=s.style)
     loaded = load_problems(
         data.train, split=data.split, field_map=data.field_map, skip_bad_rows=data.skip_bad_rows
     )

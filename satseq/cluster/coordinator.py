@@ -15,6 +15,7 @@ import numpy as np
 import ray
 import torch
 
+from satseq.actors.chain import chain_rollouts
 from satseq.actors.learner import LearnerActor
 from satseq.actors.rollout import RolloutActor
 from satseq.actors.trajectory import Trajectory, pad_batch
@@ -36,11 +37,12 @@ from satseq.cluster.metrics import StageLog
 from satseq.cluster.placement import place_team
 from satseq.cluster.team import mixture_assignment
 from satseq.config import RunConfig
-from satseq.data import build_prompt
+from satseq.data import apply_chat_template, build_prompt
 from satseq.data.cursor import PromptCursor
 from satseq.models import resolve_model_path
 
 R_MIN, R_MAX = 0.0, 1.0  # verifiable rewards are 0 or 1
+DEFAULT_ROLE_PROMPT = "Check the solution above and give the final answer in \\boxed{}."
 
 
 @dataclass
@@ -79,6 +81,13 @@ class Coordinator:
         from transformers import AutoTokenizer
 
         self.tokenizers = [AutoTokenizer.from_pretrained(path) for path in self.model_paths]
+        self.role_prompts = [
+            agent.role_prompt or DEFAULT_ROLE_PROMPT for agent in config.team.agents
+        ]
+        if config.team.topology == "chain" and any(
+            t.get_vocab() != self.tokenizers[0].get_vocab() for t in self.tokenizers
+        ):
+            raise ValueError("team.topology 'chain' needs agents that share one tokenizer")
         self.progress: dict[str, Any] = {"stage": 0, "phase": "starting", "agent": None}
 
         placement = place_team(config)
@@ -100,7 +109,7 @@ class Coordinator:
                 dict(zip(self.agents, self.model_paths, strict=True)),
                 config.rollout.engine,
                 {"num_threads": max(1, int(config.rollout.resources.num_cpus))},
-                config.trainer.seed,
+                config.trainer.seed + 1000 * j,  # actors never share an unseeded random stream
             )
             for j in range(config.rollout.num_actors)
         ]
@@ -223,56 +232,18 @@ class Coordinator:
     # --- the steps -------------------------------------------------------------------------------
 
     def _rollouts(self, problems, n_train_prompts: int, first_prompt: int) -> StageBatch:
+        """G trajectories per prompt (prompt-major) in the configured topology, scored."""
         cfg = self.config
         G = cfg.sat_seq.group_size
-        owners = mixture_assignment(len(problems), G, len(self.agents), first_prompt)
-        prompt_ids = [
-            [
-                self.tokenizers[a].encode(
-                    build_prompt(self.tokenizers[a], p, self.prompt_format),
-                    add_special_tokens=False,
-                )
-                for a in range(len(self.agents))
-            ]
-            for p in problems
-        ]
-        # One request per (prompt, agent) with n = that agent's share of the G samples.
-        keys = [(p, a) for p in range(len(problems)) for a in sorted(set(owners[p]))]
-        requests = [(self.agents[a], prompt_ids[p][a], owners[p].count(a)) for p, a in keys]
         spec = builders.sampling_spec(cfg, seed=cfg.trainer.seed * 1_000_003 + self.stage)
-        n_actors = len(self.rollouts)
-        results = ray.get(
-            [
-                actor.generate.remote(requests[j::n_actors], spec)
-                for j, actor in enumerate(self.rollouts)
-            ]
-        )
-        generations = {
-            key: list(results[n % n_actors][n // n_actors]) for n, key in enumerate(keys)
-        }
-        trajectories = []
-        for p, problem in enumerate(problems):
-            for a in owners[p]:
-                sample = generations[(p, a)].pop(0)
-                n = len(sample.token_ids)
-                trajectories.append(
-                    Trajectory(
-                        prompt_index=p,
-                        prompt_ids=prompt_ids[p][a],
-                        response_ids=list(sample.token_ids),
-                        response_mask=[1] * n,
-                        owner_ids=[a] * n,
-                        finish_reason=sample.finish_reason,
-                        response_text=self.tokenizers[a].decode(
-                            sample.token_ids, skip_special_tokens=True
-                        ),
-                        meta={"problem": problem.problem, "answer": problem.answer},
-                    )
-                )
+        if cfg.team.topology == "chain":
+            trajectories = self._chain_rollouts(problems, spec)
+        else:
+            trajectories = self._mixture_rollouts(problems, spec, first_prompt)
         scores = self.scorer.score_batch(
-            [t.meta["problem"] for t in trajectories],
+            [problems[t.prompt_index].problem for t in trajectories],
             [t.response_text for t in trajectories],
-            [t.meta["answer"] for t in trajectories],
+            [problems[t.prompt_index].answer for t in trajectories],
         )
         for trajectory, score in zip(trajectories, scores.scores, strict=True):
             trajectory.reward = float(score)
@@ -284,6 +255,77 @@ class Coordinator:
             response_mask=padded.response_mask,
             n_train=n_train_prompts * G,
         )
+
+    def _generate(self, requests, spec) -> list[list]:
+        """Spread (agent, prompt ids, n) requests over the rollout actors; results in order."""
+        n_actors = len(self.rollouts)
+        shards = ray.get(
+            [
+                actor.generate.remote(requests[j::n_actors], spec)
+                for j, actor in enumerate(self.rollouts)
+            ]
+        )
+        return [shards[r % n_actors][r // n_actors] for r in range(len(requests))]
+
+    def _prompt_ids(self, agent: int, problem) -> list[int]:
+        tokenizer = self.tokenizers[agent]
+        return tokenizer.encode(
+            build_prompt(tokenizer, problem, self.prompt_format), add_special_tokens=False
+        )
+
+    def _mixture_rollouts(self, problems, spec, first_prompt: int) -> list[Trajectory]:
+        """Each trajectory is one agent's answer to the raw prompt; agents round-robin over G."""
+        owners = mixture_assignment(
+            len(problems), self.config.sat_seq.group_size, len(self.agents), first_prompt
+        )
+        # One request per (prompt, agent) with n = that agent's share of the G samples.
+        keys = [(p, a) for p in range(len(problems)) for a in sorted(set(owners[p]))]
+        prompt_ids = {(p, a): self._prompt_ids(a, problems[p]) for p, a in keys}
+        requests = [(self.agents[a], prompt_ids[p, a], owners[p].count(a)) for p, a in keys]
+        samples = dict(zip(keys, self._generate(requests, spec), strict=True))
+        trajectories = []
+        for p in range(len(problems)):
+            for a in owners[p]:
+                sample = samples[p, a].pop(0)
+                n = len(sample.token_ids)
+                text = self.tokenizers[a].decode(sample.token_ids, skip_special_tokens=True)
+                trajectories.append(
+                    Trajectory(
+                        p,
+                        prompt_ids[p, a],
+                        list(sample.token_ids),
+                        [1] * n,
+                        [a] * n,
+                        sample.finish_reason,
+                        text,
+                    )
+                )
+        return trajectories
+
+    def _chain_rollouts(self, problems, spec) -> list[Trajectory]:
+        """Agents answer in team order on one sequence; the last turn's text is scored."""
+        tokenizer = self.tokenizers[0]  # chain agents share a tokenizer (checked at start-up)
+        handoffs = [
+            tokenizer.encode(
+                "\n" + apply_chat_template(tokenizer, [{"role": "user", "content": role}]),
+                add_special_tokens=False,
+            )
+            for role in self.role_prompts
+        ]
+        trajectories = chain_rollouts(
+            self._generate,
+            [self._prompt_ids(0, problem) for problem in problems],
+            self.agents,
+            handoffs,
+            self.config.sat_seq.group_size,
+            spec,
+        )
+        for trajectory in trajectories:
+            start, end = trajectory.meta["turn_bounds"][-1]
+            trajectory.response_text = tokenizer.decode(
+                trajectory.response_ids[start:end], skip_special_tokens=True
+            )
+        return trajectories
 
     def _logprobs_by_owner(self, batch: StageBatch, rows: range) -> torch.Tensor:
         """[N, T] log-probs of each token under the current weights of the agent that owns it."""

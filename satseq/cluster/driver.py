@@ -32,7 +32,8 @@ def connect(address: str | None) -> None:
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
-        ray.init(include_dashboard=False, log_to_driver=False)
+        # "local": a new instance, never one that `ray start` left running on this machine
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
 
 
 class StopAfterStage:

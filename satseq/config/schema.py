@@ -178,8 +178,12 @@ class PromptConfig(Section):
 
 
 class SyntheticDataConfig(Section):
+    split: Literal["train", "test"] = Field(
+        "train",
+        description="half of the problem space to train on; the embedded model was warm-started on "
+        "'train', so the quickstart trains on 'test' problems it has not memorised",
+    )
     n_train: int = Field(512, ge=1)
-    n_test: int = Field(128, ge=1)
     difficulty: int = Field(1, ge=1, le=10)
     style: Literal["symbols", "words", "mixed"] = "symbols"
     seed: int = 0

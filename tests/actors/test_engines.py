@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from satseq.actors.engines import make_engine
-from satseq.actors.engines.base import check_logprob_request
+from satseq.actors.engines.base import check_generate_request, check_logprob_request
 from satseq.actors.forward import response_logprobs
 from satseq.actors.trajectory import Generation, SamplingSpec, Trajectory, pad_batch
 from satseq.models import load_policy
@@ -217,9 +217,23 @@ def test_samples_follow_the_policy_at_the_sampling_temperature(kind, engines, ra
     assert ((observed - expected).abs() < tolerance).all(), (observed, expected)
 
 
-def test_engine_kinds_and_logprob_requests_are_checked():
+@pytest.mark.slow
+def test_closing_one_vllm_engine_leaves_the_others_of_the_process_working(
+    engines, model_paths, tokenizer
+):
+    survivor = engines("vllm")  # a rollout worker holds one engine per agent in one process
+    make_engine("vllm", model_paths["tied"], seed=1).close()
+    result = survivor.generate([encode(tokenizer, "Hi")], SamplingSpec(max_new_tokens=4, seed=1))
+    assert len(result[0][0].token_ids) > 0
+
+
+def test_engine_kinds_and_requests_are_checked():
     with pytest.raises(ValueError, match="unknown rollout engine"):
         make_engine("tgi", "builtin:tiny")
+    with pytest.raises(ValueError, match="at least 1"):
+        check_generate_request([[1, 2]], n=0)
+    with pytest.raises(ValueError, match="at least one token"):
+        check_generate_request([[1, 2], []], n=1)
     with pytest.raises(ValueError, match="start 0"):
         check_logprob_request([[1, 2, 3]], [0], 1.0)
     with pytest.raises(ValueError, match="temperature"):

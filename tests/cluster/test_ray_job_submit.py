@@ -1,5 +1,6 @@
 """`ray job submit --working-dir . -- satseq train ...` against a local `ray start --head`."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -22,7 +23,13 @@ def free_port() -> int:
 
 def test_ray_job_submit_runs_training_on_a_loopback_cluster(tmp_path, built_quickstart_model):
     gcs_port, dashboard_port = free_port(), free_port()
-    env = run_env()
+    # Ray's token authentication, as a real cluster runs it: the head and the CLI share a token.
+    # The cluster's PATH has satseq on it, as an image with the project installed does.
+    venv_bin = str(Path(sys.executable).parent)
+    env = run_env() | {"RAY_AUTH_MODE": "token", "PATH": f"{venv_bin}:{os.environ['PATH']}"}
+    subprocess.run(
+        [RAY, "get-auth-token", "--generate"], check=True, timeout=60, env=env, capture_output=True
+    )
     subprocess.run(
         [
             RAY,

@@ -46,3 +46,25 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path, built_q
     assert [without_timings(m) for m in resumed] == [without_timings(m) for m in reference]
     # the runs learned something, so equality is not the trivial equality of untouched weights
     assert any(m["accepted/a0"] > 0 for m in reference)
+
+
+def test_ctrl_c_finishes_the_stage_checkpoints_and_exits_cleanly(tmp_path, built_quickstart_model):
+    output_dir = tmp_path / "interrupted"
+    driver = subprocess.Popen(
+        train_command(output_dir, 4),
+        env=run_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 600
+    while not (output_dir / "metrics.jsonl").exists():
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGINT)
+    output, _ = driver.communicate(timeout=600)
+    assert driver.returncode == 0, output[-2000:]
+    assert "continue with --resume" in output
+    stages_done = len(read_metrics(output_dir))
+    assert 1 <= stages_done < 4
+    assert (output_dir / "checkpoints" / f"stage_{stages_done - 1}.pt").exists()

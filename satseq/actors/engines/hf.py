@@ -169,6 +169,7 @@ class StopRecorder(StoppingCriteria):
         self.stopped_at: list[int | None] = [None] * batch_size
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        """input_ids [batch, prompt_width + new tokens so far] -> is each row done, [batch]."""
         num_new = input_ids.shape[1] - self.prompt_width
         last_tokens = input_ids[:, -1].tolist()
         for row, stopped in enumerate(self.stopped_at):
