@@ -62,8 +62,6 @@ def bwrap_command(bwrap: str, readable: list[Path], launcher: Path, disk_mb: int
             command += ["--ro-bind", str(host_path), str(host_path)]
     for name in ETC_FILES:
         command += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    for path in outermost([p for p in readable if not p.is_relative_to("/usr")]):
-        command += ["--ro-bind", str(path), str(path)]
     command += [
         "--ro-bind", str(launcher), LAUNCHER,
         "--proc", "/proc",
@@ -71,8 +69,10 @@ def bwrap_command(bwrap: str, readable: list[Path], launcher: Path, disk_mb: int
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", "/dev/shm",
         "--size", size, "--tmpfs", WORKDIR,
-        "--remount-ro", "/",
-        "--chdir", WORKDIR,
-        "--",
     ]  # fmt: skip
+    # After the tmpfs mounts, so an interpreter that lives under /tmp (a venv in a fresh clone
+    # there, say) is not hidden by the sandbox's own empty /tmp.
+    for path in outermost([p for p in readable if not p.is_relative_to("/usr")]):
+        command += ["--ro-bind", str(path), str(path)]
+    command += ["--remount-ro", "/", "--chdir", WORKDIR, "--"]
     return command

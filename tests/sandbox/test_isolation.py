@@ -61,3 +61,17 @@ def test_the_log_line_lists_active_layers_with_details_and_missing_ones_with_rea
 def test_a_pool_lists_the_range_of_per_slot_details():
     slots = [IsolationReport(active={Layer.SLOT_UID: f"uid {uid}"}) for uid in (61002, 61000)]
     assert combine(slots).active == {Layer.SLOT_UID: "uid 61000 .. uid 61002"}
+
+
+def test_interpreter_under_tmp_is_bound_after_the_sandbox_tmpfs(tmp_path):
+    """A venv in a clone under /tmp must stay visible: its bind comes after `--tmpfs /tmp`."""
+    from pathlib import Path
+
+    from satseq.sandbox.bubblewrap import bwrap_command
+
+    venv = Path("/tmp/some-clone/.venv")
+    command = bwrap_command("bwrap", [venv], tmp_path / "launcher.py", disk_mb=8)
+    tmpfs_at = command.index("/tmp", command.index("--tmpfs"))
+    bind_at = command.index(str(venv))
+    assert command[bind_at - 1] == "--ro-bind" and bind_at > tmpfs_at
+    assert command.index("--remount-ro") > bind_at
