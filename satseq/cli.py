@@ -41,18 +41,18 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-@config_app.command("show")
-def config_show(config: ConfigArg = None, set_: SetOption = None) -> None:
-    """Print the resolved config as YAML: the file, then every --set override, then defaults."""
-    typer.echo(dump_config(resolve_config(config, set_)), nl=False)
-
-
 def resolve_config(config: Path | None, overrides: list[str] | None):
     """The resolved RunConfig, or a clean exit naming what is wrong."""
     try:
         return load_config(config, overrides or [])
     except ConfigError as err:
         raise fail(str(err)) from None
+
+
+@config_app.command("show")
+def config_show(config: ConfigArg = None, set_: SetOption = None) -> None:
+    """Print the resolved config as YAML: the file, then every --set override, then defaults."""
+    typer.echo(dump_config(resolve_config(config, set_)), nl=False)
 
 
 @app.command("train")

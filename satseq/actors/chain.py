@@ -26,8 +26,7 @@ def chain_rollouts(
     """G chains per prompt, prompt-major. handoff_ids[k] precedes agent k's turn (k ≥ 1).
 
     generate(requests, spec) takes (agent, prompt ids, n) requests and returns their samples.
-    Each trajectory's `meta["turn_texts"]` is filled by the caller; `meta["turn_bounds"]` holds
-    the (start, end) of each turn in the response.
+    Each trajectory's `meta["turn_bounds"]` holds the (start, end) of each turn in the response.
     """
     chains = [
         Trajectory(p, list(ids), [], [], [], "stop", meta={"turn_bounds": []})

@@ -40,7 +40,6 @@ class LossSpec:
     dual_clip: float | None = None
     aggregation: Aggregation = "seq_mean"
     kl_estimator: Literal["exact", "k3"] = "exact"
-    trust_region: bool = True  # measure the KL quantile after each step and backtrack
 
 
 @dataclass(frozen=True)
@@ -157,9 +156,9 @@ class Learner:
         """
         started = time.perf_counter()
         spec = self.spec
+        micro_batches = list(self._micro_batches(trajectories))  # padded once, used every attempt
         masks = [
-            owner_mask(b.owner_ids, [spec.agent_index], b.response_mask)
-            for _, b in self._micro_batches(trajectories)
+            owner_mask(b.owner_ids, [spec.agent_index], b.response_mask) for _, b in micro_batches
         ]
         counts = [
             m.sum() if spec.loss.aggregation == "token_mean" else (m.sum(-1) > 0).sum()
@@ -176,9 +175,7 @@ class Learner:
                 group["lr"] = spec.lr * step_scale
             self.optimizer.zero_grad(set_to_none=True)
             loss_sum = clip_sum = 0.0
-            for (rows, batch), mask, count in zip(
-                self._micro_batches(trajectories), masks, counts, strict=True
-            ):
+            for (rows, batch), mask, count in zip(micro_batches, masks, counts, strict=True):
                 if count == 0:
                     continue
                 T_mb = mask.shape[1]
@@ -209,9 +206,9 @@ class Learner:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.grad_clip)
             self.optimizer.step()
             stats.update(loss=loss_sum, clip_fraction=clip_sum)
-            q, logp_new = self._kl_quantile_and_logprobs(trajectories, logp_cur, masks, reference)
+            q, logp_new = self._kl_quantile_and_logprobs(micro_batches, logp_cur, masks, reference)
             logp_after_attempt.append(logp_new)
-            return q if spec.loss.trust_region else 0.0
+            return q
 
         steps = []
         for _ in range(spec.update_steps):
@@ -255,12 +252,12 @@ class Learner:
 
     @torch.no_grad()
     def _kl_quantile_and_logprobs(
-        self, trajectories, logp_cur, masks, reference
+        self, micro_batches, logp_cur, masks, reference
     ) -> tuple[float, torch.Tensor]:
         """After a step: q over the agent's sequences, and the new log-probs [N, T]."""
         seq_kls = []
         logp_new = torch.zeros_like(logp_cur)
-        for (rows, batch), mask in zip(self._micro_batches(trajectories), masks, strict=True):
+        for (rows, batch), mask in zip(micro_batches, masks, strict=True):
             logits = response_logits(self.model, batch)
             logp = token_logprobs(logits, batch.response_ids, self.spec.temperature)
             logp_new[rows, : logp.shape[1]] = logp.float().cpu()

@@ -45,7 +45,7 @@ R_MIN, R_MAX = 0.0, 1.0  # verifiable rewards are 0 or 1
 DEFAULT_ROLE_PROMPT = "Check the solution above and give the final answer in \\boxed{}."
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageBatch:
     """One stage's trajectories, ordered prompt by prompt (G each), as tensors [N, T]."""
 
@@ -53,14 +53,26 @@ class StageBatch:
     rewards: torch.Tensor  # [N]
     owner_ids: torch.Tensor  # [N, T]
     response_mask: torch.Tensor  # [N, T]
+    owns: torch.Tensor  # [n_agents, N]: whether agent i wrote any trained token of trajectory n
     n_train: int  # the first n_train trajectories train; the rest are held out for the bound
+
+    @classmethod
+    def build(cls, trajectories: list[Trajectory], n_agents: int, n_train: int) -> StageBatch:
+        padded = pad_batch(trajectories, pad_token_id=0)
+        owns = torch.stack(
+            [
+                owner_mask(padded.owner_ids, [i], padded.response_mask).sum(-1) > 0
+                for i in range(n_agents)
+            ]
+        )
+        rewards = torch.tensor([t.reward for t in trajectories])
+        return cls(trajectories, rewards, padded.owner_ids, padded.response_mask, owns, n_train)
 
     def owned_by(self, agents: list[int]) -> torch.Tensor:
         return owner_mask(self.owner_ids, agents, self.response_mask)
 
     def rows_of(self, agent: int, rows: range) -> list[int]:
-        owned = self.owned_by([agent]).sum(-1) > 0
-        return [i for i in rows if owned[i]]
+        return [i for i in rows if self.owns[agent, i]]
 
 
 class Coordinator:
@@ -151,14 +163,12 @@ class Coordinator:
         # 5. the order σ of this stage's block-coordinate updates
         train = range(batch.n_train)
         G = cfg.sat_seq.group_size
-        first_A = group_advantages(
-            R[train].view(-1, G), A_clip=cfg.sat_seq.A_clip
-        ).advantages.flatten()
+        train_rows = [batch.rows_of(i, train) for i in range(len(self.agents))]
+        uniform = group_advantages(R[train].view(-1, G), A_clip=cfg.sat_seq.A_clip)
+        first_A = uniform.advantages.flatten()
         mean_abs_A = {
-            name: float(first_A[batch.rows_of(i, train)].abs().mean())
-            if batch.rows_of(i, train)
-            else 0.0
-            for i, name in enumerate(self.agents)
+            name: float(first_A[rows].abs().mean()) if rows else 0.0
+            for name, rows in zip(self.agents, train_rows, strict=True)
         }
         sigma = self.scheduler.order(k, last_gains=self.last_gains, mean_abs_advantage=mean_abs_A)
 
@@ -166,20 +176,16 @@ class Coordinator:
         logp_hat = logp_cur.clone()
         per_agent: dict[str, dict[str, float]] = {}
         updated: list[int] = []
-        degenerate_groups = 0
         for name in sigma:
             i = self.agents.index(name)
             self._set_progress("update", agent=name)
-            log_ratio_prev = masked_sum(logp_hat - logp_cur, batch.owned_by(updated), dim=-1)
-            c = truncated_is_weights(
-                logp_hat, logp_cur, batch.owned_by(updated), cfg.sat_seq.max_log_ratio
-            )
-            advantages = group_advantages(
+            updated_tokens = batch.owned_by(updated)
+            log_ratio_prev = masked_sum(logp_hat - logp_cur, updated_tokens, dim=-1)
+            c = truncated_is_weights(logp_hat, logp_cur, updated_tokens, cfg.sat_seq.max_log_ratio)
+            A = group_advantages(
                 R[train].view(-1, G), weights=c[train].view(-1, G), A_clip=cfg.sat_seq.A_clip
-            )
-            degenerate_groups = advantages.degenerate_groups
-            A = advantages.advantages.flatten()
-            rows = batch.rows_of(i, train)
+            ).advantages.flatten()
+            rows = train_rows[i]
             stats = self._update_agent(i, batch, rows, logp_cur, A, c)
             own = batch.owned_by([i])[rows]
             T_i = stats.logp_hat.shape[1]  # the agent's rows are padded to their own longest
@@ -223,7 +229,7 @@ class Coordinator:
         bandit = self._bandit_certificate(batch, logp_cur)
         self.last_gains = {name: per_agent[name]["cert/lower_bound"] for name in self.agents}
         _lap(timings, "time/certificate", clock)
-        metrics = self._stage_metrics(batch, per_agent, degenerate_groups, bandit) | timings
+        metrics = self._stage_metrics(batch, per_agent, uniform.degenerate_groups, bandit) | timings
         self.baseline_reward = float(R.mean())
         self.stage += 1
         self._write_outputs(metrics, per_agent, bandit)
@@ -247,14 +253,7 @@ class Coordinator:
         )
         for trajectory, score in zip(trajectories, scores.scores, strict=True):
             trajectory.reward = float(score)
-        padded = pad_batch(trajectories, pad_token_id=0)
-        return StageBatch(
-            trajectories=trajectories,
-            rewards=torch.tensor([t.reward for t in trajectories]),
-            owner_ids=padded.owner_ids,
-            response_mask=padded.response_mask,
-            n_train=n_train_prompts * G,
-        )
+        return StageBatch.build(trajectories, len(self.agents), n_train_prompts * G)
 
     def _generate(self, requests, spec) -> list[list]:
         """Spread (agent, prompt ids, n) requests over the rollout actors; results in order."""

@@ -28,13 +28,6 @@ def worker(raw_tiny_model):
     worker.close()
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def requests(tokenizer):
     """Two agents, mixed sample counts, interleaved: results must come back in this order."""
     prompt, other = (tokenizer.encode(t, add_special_tokens=False) for t in ("1+2=", "Hi"))

@@ -6,7 +6,6 @@ import os
 import signal
 from functools import partial
 
-import pytest
 import ray
 
 from satseq.config.schema import SandboxConfig
@@ -123,13 +122,6 @@ def test_metrics_count_statuses_and_latency():
     assert metrics["statuses"] == {Status.OK: 2, Status.SANDBOX_ERROR: 1}
     assert 0 < metrics["latency_s"]["p50"] <= metrics["latency_s"]["p99"] < 5
     assert metrics["backend"] == {"name": "scripted"}
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def test_the_ray_actor_runs_code_in_the_local_sandbox_and_survives_a_dead_slot(ray_cluster):
