@@ -14,8 +14,17 @@ STAMP := $(VENV)/.installed-$(ACCEL)
 
 .PHONY: run test install lint clean sandbox-deps
 
+QUICKSTART := outputs/quickstart
+
+# Train the embedded default, score its team after stage 0 and after the last stage on held-out
+# problems (team vote next to the best single agent), and draw the report.
 run: sandbox-deps $(STAMP)
 	$(VENV)/bin/satseq train
+	$(VENV)/bin/satseq eval --dataset synthetic:test --checkpoint-dir $(QUICKSTART) --stage 0 \
+		--output-dir $(QUICKSTART)/eval/stage_0
+	$(VENV)/bin/satseq eval --dataset synthetic:test --checkpoint-dir $(QUICKSTART) \
+		--output-dir $(QUICKSTART)/eval/last
+	$(VENV)/bin/satseq report $(QUICKSTART)
 
 test: sandbox-deps $(STAMP)
 	$(VENV)/bin/ruff check .

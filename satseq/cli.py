@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from satseq.config import ConfigError, dump_config, load_config
+from satseq.offline.cli import offline_values_app
 
 app = typer.Typer(
     help="satseq: RL post-training of LLM teams (SAT-Seq, SPO, GRPO) on Ray, and serving the team.",
@@ -22,6 +23,7 @@ sandbox_app = typer.Typer(help="The code sandbox.", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
 model_app = typer.Typer(help="Models: the embedded tiny model.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+app.add_typer(offline_values_app, name="offline-values")
 
 errors = Console(stderr=True, soft_wrap=True)
 
@@ -71,10 +73,94 @@ def train(
     ] = None,
 ) -> None:
     """Train the team; with no CONFIG, the embedded default (configs/quickstart.yaml)."""
+    resolved = resolve_config(config, set_)  # before the heavy imports: errors come at once
     from satseq.cluster.driver import train as run_training
 
-    resolved = resolve_config(config, set_)
     run_training(resolved, str(output_dir) if output_dir else None, resume=resume, address=address)
+
+
+CheckpointDirOption = Annotated[
+    Path,
+    typer.Option(
+        "--checkpoint-dir",
+        help="training output dir (agent_<name>/stage_<k>/) or a dir of per-agent HF model dirs",
+    ),
+]
+StageOption = Annotated[
+    int | None, typer.Option("--stage", help="use stage K of every agent (default: the latest)")
+]
+
+
+@app.command("eval")
+def evaluate(
+    dataset: Annotated[
+        str,
+        typer.Option(help="aime24 | aime25 | math | a .jsonl/.parquet file | synthetic:test"),
+    ],
+    checkpoint_dir: CheckpointDirOption,
+    output_dir: Annotated[Path, typer.Option("--output-dir", help="where outputs are written")],
+    samples_per_agent: Annotated[
+        int | None, typer.Option("--samples-per-agent", min=1, help="K (default eval.*)")
+    ] = None,
+    stage: StageOption = None,
+    set_: SetOption = None,
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address")] = None,
+) -> None:
+    """Score the team: K samples per agent per problem, the team's vote, pass@k/avg@k/maj@k.
+
+    The config is the checkpoint dir's train_config.yaml (else the quickstart's) plus --set.
+    """
+    from satseq.data import DataError
+    from satseq.evaluation import CheckpointError, summary_table
+    from satseq.evaluation.runner import run_evaluation
+
+    config = resolve_config_for(checkpoint_dir, set_)
+    try:
+        _, summary = run_evaluation(
+            config, dataset, checkpoint_dir, output_dir, samples_per_agent, stage, address
+        )
+    except (DataError, CheckpointError) as err:
+        raise fail(str(err)) from None
+    Console().print(summary_table(summary))
+    typer.echo(f"outputs: {output_dir}")
+
+
+@app.command("serve")
+def serve_team(
+    checkpoint_dir: CheckpointDirOption,
+    port: Annotated[int | None, typer.Option(help="HTTP port (default serve.port)")] = None,
+    samples_per_agent: Annotated[
+        int | None, typer.Option("--samples-per-agent", min=1, help="default K per request")
+    ] = None,
+    stage: StageOption = None,
+    serve_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--serve-config", help="Ray Serve config for scaling; default configs/serve.yaml"
+        ),
+    ] = None,
+    set_: SetOption = None,
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address")] = None,
+) -> None:
+    """Serve the team over HTTP (Ray Serve): POST /predict, GET /health, /metrics, /docs."""
+    from satseq.evaluation import CheckpointError
+    from satseq.serving import ServeConfigError, run_server
+
+    config = resolve_config_for(checkpoint_dir, set_)
+    try:
+        run_server(config, checkpoint_dir, port, samples_per_agent, stage, serve_config, address)
+    except (CheckpointError, ServeConfigError) as err:
+        raise fail(str(err)) from None
+
+
+def resolve_config_for(checkpoint_dir: Path, overrides: list[str] | None):
+    """The team's training config (else the quickstart's) with --set overrides, or a clean exit."""
+    from satseq.evaluation.runner import run_config_for
+
+    try:
+        return run_config_for(checkpoint_dir, overrides or [])
+    except ConfigError as err:
+        raise fail(str(err)) from None
 
 
 @model_app.command("build-tiny")
@@ -117,6 +203,20 @@ def sandbox_serve(
         serve(local_settings(resolved.sandbox), host=host, port=port)
     except SandboxUnavailable as err:
         raise fail(str(err)) from None
+
+
+@app.command("report")
+def report(
+    output_dir: Annotated[Path, typer.Argument(help="a `satseq train` output directory")],
+) -> None:
+    """Plot OUTPUT_DIR/metrics.jsonl as OUTPUT_DIR/report.png (reward, KL, β, backtracks, ...)."""
+    from satseq.report import ReportError, write_report
+
+    try:
+        path = write_report(output_dir)
+    except ReportError as err:
+        raise fail(str(err)) from None
+    typer.echo(f"report: {path}")
 
 
 def main() -> None:

@@ -21,6 +21,8 @@ def test_every_shipped_config_validates():
     paths = sorted(CONFIG_DIR.glob("*.yaml"))
     assert {p.name for p in paths} >= {"quickstart.yaml", "sat_seq.yaml", "spo.yaml", "grpo.yaml"}
     for path in paths:
+        if path.name == "serve.yaml":  # Ray Serve's format, not a run config: tests/serving
+            continue
         load_config(path)
 
 

@@ -36,17 +36,18 @@ def chain_rollouts(
     for k, agent in enumerate(agents):
         if k > 0:
             for chain in chains:
-                _extend(chain, handoff_ids[k], owner=NO_OWNER, trained=0)
+                _extend(chain, handoff_ids[k], owner=NO_OWNER, mask=[0] * len(handoff_ids[k]))
         samples = generate([(agent, c.prompt_ids + c.response_ids, 1) for c in chains], spec)
         for chain, (sample,) in zip(chains, samples, strict=True):
             start = len(chain.response_ids)
-            _extend(chain, sample.token_ids, owner=k, trained=1)
+            n = len(sample.token_ids)  # tool output inside a turn stays masked out
+            _extend(chain, sample.token_ids, owner=k, mask=sample.response_mask or [1] * n)
             chain.meta["turn_bounds"].append((start, len(chain.response_ids)))
             chain.finish_reason = sample.finish_reason
     return chains
 
 
-def _extend(chain: Trajectory, token_ids: list[int], owner: int, trained: int) -> None:
+def _extend(chain: Trajectory, token_ids: list[int], owner: int, mask: list[int]) -> None:
     chain.response_ids.extend(token_ids)
     chain.owner_ids.extend([owner] * len(token_ids))
-    chain.response_mask.extend([trained] * len(token_ids))
+    chain.response_mask.extend(mask)

@@ -21,6 +21,7 @@ from satseq.algo.logprobs import token_logprobs
 from satseq.algo.losses import Aggregation, RatioMode, kl_penalty, policy_loss
 from satseq.algo.masks import owner_mask
 from satseq.algo.trust_region import (
+    StepDecision,
     StepOutcome,
     TrustRegion,
     restore_training_state,
@@ -63,6 +64,7 @@ class LearnerSpec:
     step_shrink: float = 0.5
     max_backtracks: int = 3
     on_exhausted: Literal["reject", "keep"] = "reject"
+    trust_region: bool = True  # False: plain PPO steps, no KL penalty, no backtracking (SPO, GRPO)
     seed: int = 0
     num_threads: int = 1
 
@@ -214,6 +216,11 @@ class Learner:
         for _ in range(spec.update_steps):
             if total == 0:
                 break
+            if not spec.trust_region:  # every step is taken; q is still measured and logged
+                q = take_step(0.0, 1.0)
+                steps.append(StepOutcome(StepDecision.ACCEPT, 0, [q], 0.0))
+                logp_hat = logp_after_attempt[-1]
+                continue
             outcome = trust_region_step(
                 self.region,
                 take_step,

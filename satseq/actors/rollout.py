@@ -8,6 +8,9 @@ Ray actor. Give each actor a readable name in the Ray dashboard and logs when st
         engine="vllm", engine_options={"max_model_len": 1024}, seed=0,
     )
     generations = ray.get(rollout.generate.remote([("solver", prompt_ids, 4)], spec))
+
+With `tools` enabled (and a `sandbox`: a SandboxPool actor handle, or an in-process object with
+an async `execute`), every sample runs the agent loop of `tool_loop.ToolLoop` (DESIGN §5).
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ from typing import Any
 
 import ray
 import torch
+from transformers import AutoTokenizer
 
 from satseq.actors.engines import Engine, EngineKind, make_engine
+from satseq.actors.tool_loop import SandboxClient, ToolLoop
 from satseq.actors.trajectory import Generation, SamplingSpec
+from satseq.config.schema import ToolConfig
+from satseq.models import resolve_model_path
 
 Request = tuple[str, list[int], int]
 """(agent name, prompt token ids, number of samples)."""
@@ -39,14 +46,27 @@ class RolloutWorker:
         engine: EngineKind = "hf",
         engine_options: dict[str, Any] | None = None,
         seed: int = 0,
+        tools: ToolConfig | None = None,
+        sandbox: Any = None,
     ) -> None:
         if not agent_paths:
             raise ValueError("a rollout worker needs at least one agent")
+        use_tools = tools is not None and tools.enabled
+        if use_tools and sandbox is None:
+            raise ValueError("tool-augmented rollouts need a sandbox to run the model's code")
         self.engine_kind = engine
         self.engines: dict[str, Engine] = {
             name: make_engine(engine, path, seed=seed + k, **(engine_options or {}))
             for k, (name, path) in enumerate(agent_paths.items())
         }
+        self.sandbox: SandboxClient | None = None
+        self.tool_loops: dict[str, ToolLoop] = {}
+        if use_tools:
+            self.sandbox = SandboxClient(sandbox)
+            self.tool_loops = {
+                name: ToolLoop(self.engines[name], _load_tokenizer(path), self.sandbox, tools)
+                for name, path in agent_paths.items()
+            }
 
     def ready(self) -> dict[str, Any]:
         """Returns once every engine has started: {"engine": kind, "agents": names}."""
@@ -55,18 +75,25 @@ class RolloutWorker:
     def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Generation]]:
         """result[r] holds the n samples of requests[r].
 
-        Requests go to their agent's engine in one call per (agent, n), in first-seen order.
-        With `spec.seed` set, the k-th such call is seeded `spec.seed + k`, so calls do not
-        share random draws and the same requests with the same seed give the same samples.
+        Requests go to their agent's engine in one call per (agent, n), in first-seen order;
+        with tools, to their agent's tool loop in one call per agent (the loop takes each
+        prompt's own n). With `spec.seed` set, the k-th such call is seeded `spec.seed + k`, so
+        calls do not share random draws and the same requests with the same seed give the same
+        samples.
         """
-        groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+        groups: dict[tuple[str, int | None], list[int]] = defaultdict(list)
         for index, (agent, _, n) in enumerate(requests):
-            groups[(agent, n)].append(index)
+            groups[(agent, None if self.tool_loops else n)].append(index)
         results: list[list[Generation]] = [[] for _ in requests]
         for k, ((agent, n), indices) in enumerate(groups.items()):
             call_spec = spec if spec.seed is None else replace(spec, seed=spec.seed + k)
             prompts = [requests[index][1] for index in indices]
-            samples = self._engine(agent).generate(prompts, call_spec, n)
+            engine = self._engine(agent)
+            if n is None:
+                counts = [requests[index][2] for index in indices]
+                samples = self.tool_loops[agent].generate(prompts, call_spec, counts)
+            else:
+                samples = engine.generate(prompts, call_spec, n)
             for index, request_samples in zip(indices, samples, strict=True):
                 results[index] = request_samples
         return results
@@ -85,6 +112,13 @@ class RolloutWorker:
     def close(self) -> None:
         for engine in self.engines.values():
             engine.close()
+        if self.sandbox is not None:
+            self.sandbox.close()
+
+
+def _load_tokenizer(path: str):
+    """The tokenizer the tool loop reads the model's code with and writes tool output in."""
+    return AutoTokenizer.from_pretrained(resolve_model_path(path))
 
 
 RolloutActor = ray.remote(RolloutWorker)

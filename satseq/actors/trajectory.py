@@ -19,6 +19,7 @@ class SamplingSpec:
 
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k; training keeps 0, since the learner's log-probs assume none
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()  # generation stops after any of these strings (e.g. "</code>")
     seed: int | None = None
@@ -26,10 +27,19 @@ class SamplingSpec:
 
 @dataclass(frozen=True)
 class Generation:
-    """One engine sample: the new tokens and why generation ended ("stop" or "length")."""
+    """One engine sample: the new tokens and why generation ended ("stop" or "length").
+
+    response_mask is None when every token was sampled by the model; a tool loop sets it to 0
+    on the tool-output tokens it spliced in. logprob is the sum of the sampled tokens' log-probs
+    when the engine reports it. meta carries per-sample facts such as the number of tool calls.
+    """
 
     token_ids: list[int]
     finish_reason: str
+    response_mask: list[int] | None = None
+    # A float computed about the tokens, so it takes no part in comparing samples.
+    logprob: float | None = field(default=None, compare=False)
+    meta: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -28,28 +28,43 @@ def avg_at_k(correct: Sequence[bool]) -> float:
 
 
 def majority_vote(
-    answers: Sequence[str | None], equivalent: Callable[[str, str], bool]
+    answers: Sequence[str | None],
+    equivalent: Callable[[str, str], bool],
+    scores: Sequence[float] | None = None,
 ) -> tuple[str | None, dict[str, int]]:
     """Cluster ``answers`` by ``equivalent`` and return (winner, votes).
 
     Each cluster is represented by its first answer in input order; an answer joins the first
     cluster whose representative it is ``equivalent(representative, answer)`` to, else starts
-    a new one. None and blank answers cast no vote. A tie goes to the cluster that reached the
-    winning count first in input order.
+    a new one. None and blank answers cast no vote.
+
+    Ties in the number of votes go to the cluster with the highest total score (the sum of
+    ``scores`` over its answers, e.g. the samples' log-probabilities) when ``scores`` is given;
+    a tie that remains goes to the cluster that reached the winning count first in input order.
 
     Returns:
         winner: the winning representative, or None when no answer voted.
         votes: cluster size per representative, in order of first appearance.
     """
+    if scores is not None and len(scores) != len(answers):
+        raise ValueError(f"majority vote: {len(answers)} answers but {len(scores)} scores")
     votes: dict[str, int] = {}
-    winner, winner_votes = None, 0
-    for answer in answers:
+    total_score: dict[str, float] = {}
+    reached_count_at: dict[str, int] = {}  # input index of the cluster's latest vote
+    for index, answer in enumerate(answers):
         if answer is None or not answer.strip():
             continue
         representative = next((rep for rep in votes if equivalent(rep, answer)), answer)
         votes[representative] = votes.get(representative, 0) + 1
-        if votes[representative] > winner_votes:
-            winner, winner_votes = representative, votes[representative]
+        total_score[representative] = total_score.get(representative, 0.0) + (
+            scores[index] if scores is not None else 0.0
+        )
+        reached_count_at[representative] = index
+    if not votes:
+        return None, votes
+    most = max(votes.values())
+    tied = [rep for rep, count in votes.items() if count == most]
+    winner = min(tied, key=lambda rep: (-total_score[rep], reached_count_at[rep]))
     return winner, votes
 
 
@@ -57,15 +72,17 @@ def maj_at_k(
     answers: Sequence[str | None],
     correct: Sequence[bool],
     equivalent: Callable[[str, str], bool],
+    scores: Sequence[float] | None = None,
 ) -> float:
     """maj@k: 1.0 iff the majority-voted answer of the k samples is correct, else 0.0.
 
     ``correct[j]`` says whether ``answers[j]`` is right; the winner is judged by its
-    representative (its first answer). No valid answer scores 0.0.
+    representative (its first answer). No valid answer scores 0.0. ``scores`` break ties as
+    in `majority_vote`.
     """
     if len(answers) != len(correct):
         raise ValueError(f"maj@k: {len(answers)} answers but {len(correct)} correctness flags")
-    winner, _ = majority_vote(answers, equivalent)
+    winner, _ = majority_vote(answers, equivalent, scores)
     if winner is None:
         return 0.0
     return float(bool(correct[answers.index(winner)]))

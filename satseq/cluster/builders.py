@@ -61,14 +61,34 @@ def sampling_spec(config: RunConfig, seed: int) -> SamplingSpec:
 
 
 def loss_spec(config: RunConfig) -> LossSpec:
-    estimator = config.algorithm.kl_ctrl.estimator
+    """The policy loss `algorithm.name` trains with (DESIGN §4)."""
+    name = config.algorithm.name
+    if name == "spo":  # token-level PPO-clip, clip-higher, dual-clip, token-mean
+        spo = config.spo
+        return LossSpec(
+            ratio="token",
+            eps_low=spo.eps_low,
+            eps_high=spo.eps_high,
+            dual_clip=spo.dual_clip,
+            aggregation="token_mean",
+            kl_estimator="k3",
+        )
+    if name == "grpo":
+        grpo = config.grpo
+        return LossSpec(
+            ratio="token",
+            eps_low=grpo.eps_low,
+            eps_high=grpo.eps_high,
+            aggregation="token_mean",
+            kl_estimator="k3",
+        )
     s = config.sat_seq
     return LossSpec(
         ratio=s.ratio,
         eps_low=s.epsilon,
         eps_high=s.epsilon,
         aggregation="seq_mean",
-        kl_estimator=estimator,
+        kl_estimator=config.algorithm.kl_ctrl.estimator,
     )
 
 
@@ -99,6 +119,7 @@ def learner_spec(config: RunConfig, agent_index: int, device: str, num_threads: 
         step_shrink=kl.step_shrink,
         max_backtracks=config.sat_seq.max_backtracks,
         on_exhausted=config.sat_seq.on_exhausted,
+        trust_region=config.algorithm.name == "sat_seq",
         seed=trainer.seed + agent_index,
         num_threads=num_threads,
     )

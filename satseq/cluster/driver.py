@@ -3,7 +3,6 @@ stages with a progress display, and end with a summary table."""
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from satseq.cluster.connection import connect
 from satseq.cluster.coordinator import CoordinatorActor
 from satseq.config import RunConfig, dump_config
 
@@ -22,18 +22,6 @@ console = Console()
 
 def output_dir_for(config: RunConfig, output_dir: str | None) -> Path:
     return Path(output_dir) if output_dir else Path(config.output.dir) / config.output.exp_name
-
-
-def connect(address: str | None) -> None:
-    """Join the cluster at `address` (or $RAY_ADDRESS), else start a local Ray instance."""
-    address = address or os.environ.get("RAY_ADDRESS")
-    if ray.is_initialized():
-        return
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        # "local": a new instance, never one that `ray start` left running on this machine
-        ray.init(address="local", include_dashboard=False, log_to_driver=False)
 
 
 class StopAfterStage:
@@ -135,15 +123,16 @@ def summary_table(config: RunConfig, history: list[dict[str, Any]], wall_s: floa
     for agent in config.team.agents:
         key = f"reward/mean/{agent.name}"
         table.add_row(f"reward {agent.name}", f"{first[key]:.3f}", f"{last[key]:.3f}")
-    table.add_row("reward team (mean)", f"{first['reward/mean']:.3f}", f"{last['reward/mean']:.3f}")
-    table.add_row(
-        "reward team (vote)", f"{first['reward/team_vote']:.3f}", f"{last['reward/team_vote']:.3f}"
-    )
-    backtracks = sum(v for m in history for k, v in m.items() if k.startswith("backtracks/"))
-    table.add_row("backtracks (all stages)", "", str(backtracks))
-    table.add_row(
-        "certificate (bandit bound)",
-        f"{first['certificate/bandit_lower_bound']:.3f}",
-        f"{last['certificate/bandit_lower_bound']:.3f}",
-    )
+    rows = [("reward team (mean)", "reward/mean"), ("reward team (vote)", "reward/team_vote")]
+    rows += [("certificate (bandit bound)", "certificate/bandit_lower_bound")]
+    rows += [
+        ("p_hat mean (SPO)", "spo/p_hat_mean"),
+        ("degenerate groups", "groups/degenerate_fraction"),
+    ]
+    for label, key in rows:  # each algorithm logs its own subset of these
+        if key in first and key in last:
+            table.add_row(label, f"{first[key]:.3f}", f"{last[key]:.3f}")
+    if config.algorithm.name == "sat_seq":
+        backtracks = sum(v for m in history for k, v in m.items() if k.startswith("backtracks/"))
+        table.add_row("backtracks (all stages)", "", str(backtracks))
     return table

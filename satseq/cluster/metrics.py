@@ -1,17 +1,31 @@
-"""Per-stage outputs: metrics.jsonl, certificates.jsonl and TensorBoard events (DESIGN §8)."""
+"""Per-stage outputs: metrics.jsonl, certificates.jsonl, TensorBoard events (DESIGN §8), and the
+same numbers as Ray metrics, which reach the Ray dashboard and its Prometheus endpoint."""
 
 from __future__ import annotations
 
 import json
-import math
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
+from ray.util.metrics import Gauge
 from torch.utils.tensorboard import SummaryWriter
+
+from satseq.cluster.metric_keys import PHASE_PREFIX, agent_names, is_scalar
+
+# Per-stage key families whose last segment becomes a tag: `time/rollout` is
+# satseq_phase_seconds{phase="rollout"}, so one dashboard query shows every phase.
+TAGGED_FAMILIES = {
+    PHASE_PREFIX.rstrip("/"): ("satseq_phase_seconds", "phase"),
+    "sandbox": ("satseq_sandbox_executions", "status"),
+}
 
 
 class StageLog:
-    """Appends one JSON object per stage; mirrors numeric metrics to TensorBoard.
+    """Appends one JSON object per stage; mirrors numeric metrics to TensorBoard and, inside a
+    Ray worker or driver, to Ray metrics (`RayMetricsExporter`).
 
     On resume, lines for stages after the resumed checkpoint are dropped first, so the files
     hold each stage exactly once whatever happened to the previous process.
@@ -23,6 +37,7 @@ class StageLog:
         for path in (self.metrics_path, self.certificates_path):
             truncate_after_stage(path, resume_after_stage)
         self.tensorboard = SummaryWriter(str(output_dir / "tensorboard")) if tensorboard else None
+        self.ray_metrics = RayMetricsExporter(run=output_dir.name) if ray.is_initialized() else None
 
     def write(self, metrics: dict[str, Any], certificate: dict[str, Any]) -> None:
         append_json_line(self.metrics_path, metrics)
@@ -30,17 +45,88 @@ class StageLog:
         if self.tensorboard is not None:
             stage = int(metrics["stage"])
             for key, value in metrics.items():
-                if (
-                    isinstance(value, int | float)
-                    and not isinstance(value, bool)
-                    and math.isfinite(value)
-                ):
+                if is_scalar(value):
                     self.tensorboard.add_scalar(key, value, stage)
             self.tensorboard.flush()
+        if self.ray_metrics is not None:
+            self.ray_metrics.export(metrics)
 
     def close(self) -> None:
         if self.tensorboard is not None:
             self.tensorboard.close()
+
+
+@dataclass(frozen=True)
+class GaugePoint:
+    """One value of one Ray gauge, e.g. satseq_agent_kl_quantile{agent="a0"} = 0.03."""
+
+    name: str
+    value: float
+    tags: dict[str, str]
+    source: str  # the metrics.jsonl key pattern, e.g. `kl_quantile/<agent>`
+
+
+def gauge_points(metrics: dict[str, Any]) -> list[GaugePoint]:
+    """Map one stage's metrics.jsonl record onto Ray gauges (all named `satseq_...`).
+
+    - `<key>/<agent>` (agents are the names in `reward/mean/<agent>`): satseq_agent_<key>
+      with tag `agent`, e.g. `kl_quantile/a0` → satseq_agent_kl_quantile{agent="a0"};
+    - `time/<phase>` → satseq_phase_seconds{phase}, `sandbox/<status>` →
+      satseq_sandbox_executions{status};
+    - any other key → satseq_<key>, e.g. `certificate/bandit_lower_bound` →
+      satseq_certificate_bandit_lower_bound; `stage` → satseq_stage.
+    Non-numeric and non-finite values are left out (a gauge keeps its last finite value).
+    """
+    agents = set(agent_names(metrics))
+    points = []
+    for key, value in metrics.items():
+        if not is_scalar(value):
+            continue
+        family, _, last = key.rpartition("/")
+        if family and last in agents:
+            points.append(
+                GaugePoint(
+                    f"satseq_agent_{metric_name(family)}",
+                    value,
+                    {"agent": last},
+                    f"{family}/<agent>",
+                )
+            )
+        elif family in TAGGED_FAMILIES:
+            name, tag = TAGGED_FAMILIES[family]
+            points.append(GaugePoint(name, value, {tag: last}, f"{family}/<{tag}>"))
+        else:
+            points.append(GaugePoint(f"satseq_{metric_name(key)}", value, {}, key))
+    return points
+
+
+def metric_name(key: str) -> str:
+    """`certificate/bandit_lower_bound` → `certificate_bandit_lower_bound` (Prometheus charset)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+class RayMetricsExporter:
+    """Sets one Ray Gauge per metric family after each stage, tagged with the run's name.
+
+    Runs in the process that writes the stage (the coordinator actor); Ray's metrics agent on
+    that node serves the values on its Prometheus port a few seconds later, as `ray_satseq_...`.
+    """
+
+    def __init__(self, run: str):
+        self.run = run
+        self.gauges: dict[str, Gauge] = {}
+
+    def export(self, metrics: dict[str, Any]) -> None:
+        for point in gauge_points(metrics):
+            gauge = self.gauges.get(point.name)
+            if gauge is None:
+                gauge = Gauge(
+                    point.name,
+                    description=f"satseq: {point.source} of metrics.jsonl, set once per stage",
+                    tag_keys=("run", *point.tags),
+                )
+                self.gauges[point.name] = gauge
+            gauge.set(point.value, tags={"run": self.run, **point.tags})
 
 
 def append_json_line(path: Path, record: dict[str, Any]) -> None:

@@ -193,7 +193,10 @@ class DataConfig(Section):
     train: str = Field(
         "synthetic", description="'synthetic', a JSONL/parquet path, or an HF dataset name"
     )
-    eval: str | None = None
+    val_files: list[str] = Field(
+        default_factory=list,
+        description="validation sets: JSONL/parquet paths or names `satseq eval --dataset` takes",
+    )
     split: str = "train"
     field_map: dict[str, str] | None = Field(
         None, description="e.g. {problem: question, answer: a.b}"
@@ -226,19 +229,59 @@ class TrainerConfig(Section):
     gradient_checkpointing: bool = False
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     save_every: int = Field(5, ge=1)
+    val_every: int = Field(
+        0, ge=0, description="validate on data.val_files every N stages and at the end; 0: never"
+    )
     seed: int = 0
     resources: EngineResources = Field(default_factory=EngineResources)
 
 
+class EvalConfig(Section):
+    """`satseq eval` and validation: K samples per agent per problem, scored by the team vote."""
+
+    samples_per_agent: int = Field(4, ge=1, le=1024, description="K samples per agent and problem")
+    # The seeds' SPO-style evaluation samples at T 0.6, top_p 0.95.
+    temperature: float = Field(0.6, ge=0.0, le=2.0, description="0: greedy")
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0: no top-k")
+    max_new_tokens: int | None = Field(None, ge=1, description="None: rollout.max_new_tokens")
+    synthetic_problems: int = Field(
+        64, ge=1, description="problems of a 'synthetic:<split>' dataset (after the trained ones)"
+    )
+    seed: int = 0
+
+
 class ServeConfig(Section):
+    """`satseq serve` and the Ray Serve application's `args` (configs/serve.yaml)."""
+
+    checkpoint_dir: str | None = Field(
+        None, description="training output dir (agent_<name>/stage_<k>/) or per-agent HF dirs"
+    )
+    stage: int | None = Field(None, ge=0, description="None: each agent's latest stage")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     engine: Literal["hf", "vllm"] = "hf"
-    samples_per_agent: int = Field(1, ge=1)
-    temperature: float = Field(0.0, ge=0.0)
-    max_tokens: int = Field(256, ge=1)
-    max_problem_chars: int = Field(8192, ge=1)
-    api_key_env: str | None = Field(None, description="name of the env var holding the API key")
+    engine_threads: int = Field(1, ge=1, description="torch threads per agent replica (CPU)")
+    samples_per_agent: int = Field(1, ge=1, description="default of a request's samples_per_agent")
+    max_samples_per_agent: int = Field(16, ge=1, le=1024)
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="default; 0: greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(256, ge=1, description="default and upper bound of max_tokens")
+    max_problem_chars: int = Field(8192, ge=1, description="longer problems get HTTP 413")
+    timeout_s: float = Field(60.0, gt=0.0, description="per request; nothing back in time: 504")
+    api_key_env: str | None = Field(
+        "SATSEQ_API_KEY", description="env var holding the API key; unset or empty: no key needed"
+    )
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _default_within_bound(self) -> ServeConfig:
+        if self.samples_per_agent > self.max_samples_per_agent:
+            raise ValueError(
+                f"samples_per_agent ({self.samples_per_agent}) exceeds max_samples_per_agent "
+                f"({self.max_samples_per_agent})"
+            )
+        return self
 
 
 class OutputConfig(Section):
@@ -258,6 +301,7 @@ class RunConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
 

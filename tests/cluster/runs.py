@@ -9,6 +9,12 @@ SATSEQ = str(Path(sys.executable).parent / "satseq")
 # A short quickstart: 3 agents, 4 prompts × G=6 per stage, 1 held out for the certificate.
 SHORT_RUN = ["--set", "trainer.batch_size=4", "--set", "rollout.max_new_tokens=32"]
 TIMING_KEYS = ("time/", "tokens_per_s/")
+# 8 prompts and 4 per stage: prompts come back within a few stages, so ρ 'kl' re-scores them
+SPO_RUN = [
+    "--set", "algorithm.name=spo",
+    "--set", "data.synthetic.n_train=8",
+    "--set", "team.agents=[{name: a0, path: 'builtin:tiny'}, {name: a1, path: 'builtin:tiny'}]",
+]  # fmt: skip
 
 
 def train_command(output_dir: Path, stages: int, *extra: str) -> list[str]:

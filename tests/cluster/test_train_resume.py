@@ -8,19 +8,24 @@ import time
 
 import pytest
 
-from tests.cluster.runs import read_metrics, run_env, train_command, without_timings
+from tests.cluster.runs import SPO_RUN, read_metrics, run_env, train_command, without_timings
 
 pytestmark = pytest.mark.slow
 
 
-def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path, built_quickstart_model):
+@pytest.mark.parametrize("algorithm", ["sat_seq", "spo"])
+def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
+    tmp_path, built_quickstart_model, algorithm
+):
+    """SPO's resume state adds the trackers (with their stored log-probs) and the sampler RNG."""
     stages = 3
+    extra = SPO_RUN if algorithm == "spo" else []
     straight = tmp_path / "straight"
-    subprocess.run(train_command(straight, stages), check=True, timeout=600, env=run_env())
+    subprocess.run(train_command(straight, stages, *extra), check=True, timeout=600, env=run_env())
 
     interrupted = tmp_path / "interrupted"
     driver = subprocess.Popen(
-        train_command(interrupted, stages),
+        train_command(interrupted, stages, *extra),
         env=run_env(),
         start_new_session=True,
         stdout=subprocess.DEVNULL,
@@ -38,7 +43,10 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path, built_q
     assert completed < stages, "the run finished before it could be killed"
 
     subprocess.run(
-        train_command(interrupted, stages, "--resume"), check=True, timeout=600, env=run_env()
+        train_command(interrupted, stages, *extra, "--resume"),
+        check=True,
+        timeout=600,
+        env=run_env(),
     )
     resumed = read_metrics(interrupted)
     reference = read_metrics(straight)

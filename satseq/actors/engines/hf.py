@@ -94,23 +94,37 @@ class HFEngine:
                 generation_config=self._generation_config(spec),
                 stopping_criteria=StoppingCriteriaList([stops]),
             )
-        new_tokens = output[:, width:].tolist()
-        return [
-            Generation(tokens, "length") if end is None else Generation(tokens[:end], "stop")
-            for tokens, end in zip(new_tokens, stops.stopped_at, strict=True)
-        ]
+        new_tokens = output.sequences[:, width:]
+        # [batch, new tokens]: log π(token) at temperature 1, as vLLM's raw log-probs
+        token_logprobs = torch.stack(output.logits, dim=1).float().log_softmax(dim=-1)
+        token_logprobs = token_logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1).cpu()
+        generations = []
+        for row, (tokens, end) in enumerate(
+            zip(new_tokens.tolist(), stops.stopped_at, strict=True)
+        ):
+            kept = len(tokens) if end is None else end
+            logprob = float(token_logprobs[row, :kept].sum())
+            reason = "length" if end is None else "stop"
+            generations.append(Generation(tokens[:kept], reason, logprob=logprob))
+        return generations
 
     def _generation_config(self, spec: SamplingSpec) -> GenerationConfig:
         common = dict(
             max_new_tokens=spec.max_new_tokens,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,  # raw logits, before temperature and top_p: for `logprob`
         )
         if spec.temperature == 0:
             return GenerationConfig(do_sample=False, **common)
         # top_k=0 turns off transformers' default top-k of 50.
         return GenerationConfig(
-            do_sample=True, temperature=spec.temperature, top_p=spec.top_p, top_k=0, **common
+            do_sample=True,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=spec.top_k,
+            **common,
         )
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:

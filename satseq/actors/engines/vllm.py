@@ -104,15 +104,22 @@ class VLLMEngine:
                 n=n // copies,
                 temperature=spec.temperature,
                 top_p=spec.top_p,
+                top_k=spec.top_k,  # 0: off, as in SamplingSpec
                 max_tokens=spec.max_new_tokens,
                 stop=list(spec.stop),
                 seed=None if spec.seed is None else spec.seed + i,
+                logprobs=0,  # the sampled token's raw log-prob only: for `Generation.logprob`
             )
             for i in range(len(prompts))
         ]
         outputs = self.llm.generate(_token_prompts(prompts), params, use_tqdm=False)
         return [
-            [Generation(list(sample.token_ids), sample.finish_reason) for sample in output.outputs]
+            [
+                Generation(
+                    list(sample.token_ids), sample.finish_reason, logprob=sample.cumulative_logprob
+                )
+                for sample in output.outputs
+            ]
             * copies
             for output in outputs
         ]

@@ -1,0 +1,87 @@
+"""GRPO's stage (DESIGN §4): G samples per prompt, group-normalised advantages, PPO-clip.
+
+With several agents, each agent is its own GRPO learner: it answers every prompt of the batch
+G times, its groups are its own, and the agents update in parallel on their own samples.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import ray
+import torch
+
+from satseq.algo import group_advantages
+from satseq.cluster.recipes.base import (
+    StageResult,
+    lap,
+    near_zero_fraction,
+    stage_metrics,
+    update_metrics,
+)
+from satseq.cluster.stage_batch import StageBatch
+
+if TYPE_CHECKING:
+    from satseq.cluster.coordinator import Coordinator
+
+
+class GrpoRecipe:
+    def __init__(self, runtime: Coordinator):
+        self.runtime = runtime
+
+    def run_stage(self, k: int) -> StageResult:
+        rt, cfg = self.runtime, self.runtime.config
+        G, n_agents = cfg.grpo.group_size, len(rt.agents)
+        timings: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        # 1. B prompts, each answered G times by every agent: one group per (agent, prompt)
+        problems = [rt.problems[i] for i in rt.cursor.next(cfg.trainer.batch_size)]
+        prompts = [p for p in problems for _ in range(n_agents)]
+        owners = [[a] * G for _ in problems for a in range(n_agents)]
+        clock = lap(timings, "time/sample", clock)
+        rt.set_progress("rollout")
+        trajectories = rt.sample(prompts, owners, rt.sampling_spec())
+        clock = lap(timings, "time/rollout", clock)
+
+        # 2. rewards, and the behaviour log-probs at the sampling temperature
+        rt.score(prompts, trajectories)
+        batch = StageBatch.build(trajectories, n_agents)
+        rt.set_progress("logprobs")
+        logp_cur = rt.logprobs_by_owner(batch)
+        clock = lap(timings, "time/logprobs", clock)
+
+        # 3. A = (R − mean_G R) / (std_G R + 1e-8); Dr.GRPO drops the std
+        groups = group_advantages(batch.rewards.view(-1, G), normalize_std=not cfg.grpo.dr_grpo)
+        A = groups.advantages.flatten()
+        c = torch.ones_like(A)  # on-policy: no importance weights between agents
+
+        # 4. every agent's PPO-clip update, in parallel, then the engines get the new weights
+        rt.set_progress("update")
+        rows = [batch.rows_of(i) for i in range(n_agents)]
+        results = ray.get(
+            [rt.start_update(i, batch, rows[i], logp_cur, A, c) for i in range(n_agents)]
+        )
+        for i in range(n_agents):
+            rt.push_weights(i)
+        lap(timings, "time/update", clock)
+
+        per_agent = {
+            name: update_metrics(stats) for name, stats in zip(rt.agents, results, strict=True)
+        }
+        metrics = {
+            **stage_metrics(rt, batch, per_agent),
+            # a prompt's n·G samples are contiguous: the team votes over all of them
+            "reward/team_vote": rt.team_vote_accuracy(batch.trajectories, n_agents * G),
+            "groups/degenerate_fraction": groups.degenerate_groups / (len(problems) * n_agents),
+            "advantage/near_zero_fraction": near_zero_fraction(A),
+            **timings,
+        }
+        return StageResult(metrics)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

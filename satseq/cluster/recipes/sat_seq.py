@@ -1,0 +1,248 @@
+"""SAT-Seq's stage (DESIGN §3, §4): read `run_stage` top to bottom to see one stage's data flow."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from satseq.actors.chain import chain_rollouts
+from satseq.algo import (
+    AgentScheduler,
+    bandit_lower_bound,
+    group_advantages,
+    masked_sum,
+    surrogate_gain,
+    theorem_terms,
+    truncated_is_weights,
+    truncation_bias,
+)
+from satseq.cluster.recipes.base import StageResult, lap, stage_metrics, update_metrics
+from satseq.cluster.stage_batch import StageBatch
+from satseq.cluster.team import mixture_assignment
+from satseq.data import apply_chat_template
+
+if TYPE_CHECKING:
+    from satseq.cluster.coordinator import Coordinator
+
+R_MIN, R_MAX = 0.0, 1.0  # verifiable rewards are 0 or 1
+DEFAULT_ROLE_PROMPT = "Check the solution above and give the final answer in \\boxed{}."
+
+
+class SatSeqRecipe:
+    """Block-coordinate updates of the agents in a scheduled order, each seeing the ones
+    updated before it through truncated IS weights, under a quantile-KL trust region."""
+
+    def __init__(self, runtime: Coordinator):
+        self.runtime = runtime
+        config = runtime.config
+        self.scheduler = AgentScheduler(
+            runtime.agents, mode=config.sat_seq.scheduler, seed=config.trainer.seed
+        )
+        self.role_prompts = [
+            agent.role_prompt or DEFAULT_ROLE_PROMPT for agent in config.team.agents
+        ]
+        if config.team.topology == "chain" and any(
+            t.get_vocab() != runtime.tokenizers[0].get_vocab() for t in runtime.tokenizers
+        ):
+            raise ValueError("team.topology 'chain' needs agents that share one tokenizer")
+        self.last_gains: dict[str, float] | None = None
+        self.baseline_reward = (R_MIN + R_MAX) / 2  # b of the bandit bound, fixed before sampling
+
+    def run_stage(self, k: int) -> StageResult:
+        """DESIGN §3 steps 1–7 for stage k."""
+        rt, cfg = self.runtime, self.runtime.config
+        agents = rt.agents
+        timings: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        # 1. sample B prompts; the last holdout_fraction of them certify the stage
+        problems = [rt.problems[i] for i in rt.cursor.next(cfg.trainer.batch_size)]
+        n_holdout = math.floor(cfg.algorithm.certificate.holdout_fraction * len(problems))
+        n_train_prompts = len(problems) - n_holdout
+        clock = lap(timings, "time/sample", clock)
+
+        # 2. rollouts: G trajectories per prompt, agents assigned by the team topology
+        rt.set_progress("rollout")
+        G = cfg.sat_seq.group_size
+        trajectories = self._rollouts(problems, first_prompt=k * cfg.trainer.batch_size)
+        clock = lap(timings, "time/rollout", clock)
+
+        # 3. rewards: 0/1, math-verify
+        rt.score(problems, trajectories)
+        batch = StageBatch.build(trajectories, len(agents), n_train_prompts * G)
+        R = batch.rewards
+
+        # 4. behaviour log-probs logp_cur: teacher-forced, stage-start weights, sampling temperature
+        rt.set_progress("logprobs")
+        logp_cur = rt.logprobs_by_owner(batch)
+        clock = lap(timings, "time/logprobs", clock)
+
+        # 5. the order σ of this stage's block-coordinate updates
+        train = range(batch.n_train)
+        train_rows = [batch.rows_of(i, train) for i in range(len(agents))]
+        uniform = group_advantages(R[train].view(-1, G), A_clip=cfg.sat_seq.A_clip)
+        first_A = uniform.advantages.flatten()
+        mean_abs_A = {
+            name: float(first_A[rows].abs().mean()) if rows else 0.0
+            for name, rows in zip(agents, train_rows, strict=True)
+        }
+        sigma = self.scheduler.order(k, last_gains=self.last_gains, mean_abs_advantage=mean_abs_A)
+
+        # 6. update agent σ(1), then σ(2), ... each seeing the ones before it through c
+        logp_hat = logp_cur.clone()
+        per_agent: dict[str, dict[str, float]] = {}
+        updated: list[int] = []
+        for name in sigma:
+            i = agents.index(name)
+            rt.set_progress("update", agent=name)
+            updated_tokens = batch.owned_by(updated)
+            log_ratio_prev = masked_sum(logp_hat - logp_cur, updated_tokens, dim=-1)
+            c = truncated_is_weights(logp_hat, logp_cur, updated_tokens, cfg.sat_seq.max_log_ratio)
+            A = group_advantages(
+                R[train].view(-1, G), weights=c[train].view(-1, G), A_clip=cfg.sat_seq.A_clip
+            ).advantages.flatten()
+            rows = train_rows[i]
+            stats = rt.update_agent(i, batch, rows, logp_cur, A, c)
+            own = batch.owned_by([i])[rows]
+            T_i = stats.logp_hat.shape[1]  # the agent's rows are padded to their own longest
+            logp_hat[rows, :T_i] = torch.where(
+                own[:, :T_i] > 0, stats.logp_hat, logp_hat[rows, :T_i]
+            )
+            updated.append(i)
+            rt.push_weights(i)
+            u = masked_sum(logp_hat[rows] - logp_cur[rows], own, dim=-1)
+            terms = theorem_terms(
+                surrogate=surrogate_gain(u, A[rows], c[rows]) if rows else 0.0,
+                delta_i=stats.kl_quantile,
+                A_max=cfg.sat_seq.A_clip,
+                gamma=cfg.algorithm.gamma,
+                zeta_i=truncation_bias(log_ratio_prev[rows], c[rows], cfg.sat_seq.A_clip)
+                if rows
+                else 0.0,
+                N_i=len(rows),
+                n_agents=len(agents),
+                delta_conf=cfg.algorithm.certificate.delta_conf,
+            )
+            per_agent[name] = update_metrics(stats) | {
+                "cert/information_gain": terms.information_gain,
+                "cert/occupancy_shift": terms.occupancy_shift,
+                "cert/estimator_bias": terms.estimator_bias,
+                "cert/finite_sample": terms.finite_sample,
+                "cert/lower_bound": terms.lower_bound,
+            }
+        clock = lap(timings, "time/update", clock)
+
+        # 7. certificate on the held-out prompts, metrics
+        rt.set_progress("certificate")
+        bandit = self._bandit_certificate(batch, logp_cur)
+        self.last_gains = {name: per_agent[name]["cert/lower_bound"] for name in agents}
+        lap(timings, "time/certificate", clock)
+        metrics = {
+            **stage_metrics(rt, batch, per_agent),
+            "reward/team_vote": rt.team_vote_accuracy(batch.trajectories, G),
+            "groups/degenerate_fraction": uniform.degenerate_groups / max(len(train) // G, 1),
+            "certificate/bandit_lower_bound": bandit["lower_bound"] if bandit else float("nan"),
+            **timings,
+        }
+        self.baseline_reward = float(R.mean())
+        certificate = {
+            "bandit": bandit,
+            "agents": {
+                name: {
+                    key.removeprefix("cert/"): value
+                    for key, value in values.items()
+                    if key.startswith("cert/")
+                }
+                for name, values in per_agent.items()
+            },
+        }
+        return StageResult(metrics, certificate)
+
+    # --- the steps -------------------------------------------------------------------------------
+
+    def _rollouts(self, problems, first_prompt: int):
+        """G trajectories per prompt (prompt-major) in the configured topology."""
+        rt = self.runtime
+        G = rt.config.sat_seq.group_size
+        spec = rt.sampling_spec()
+        if rt.config.team.topology == "mixture":
+            # each trajectory is one agent's answer; agents round-robin over the G samples
+            owners = mixture_assignment(len(problems), G, len(rt.agents), first_prompt)
+            return rt.sample(problems, owners, spec)
+        return self._chain_rollouts(problems, spec)
+
+    def _chain_rollouts(self, problems, spec):
+        """Agents answer in team order on one sequence; the last turn's text is scored."""
+        rt = self.runtime
+        tokenizer = rt.tokenizers[0]  # chain agents share a tokenizer (checked at start-up)
+        handoffs = [
+            tokenizer.encode(
+                "\n" + apply_chat_template(tokenizer, [{"role": "user", "content": role}]),
+                add_special_tokens=False,
+            )
+            for role in self.role_prompts
+        ]
+        trajectories = chain_rollouts(
+            rt.generate,
+            [rt.prompt_ids(0, problem) for problem in problems],
+            rt.agents,
+            handoffs,
+            rt.config.sat_seq.group_size,
+            spec,
+        )
+        for trajectory in trajectories:
+            start, end = trajectory.meta["turn_bounds"][-1]
+            trajectory.response_text = tokenizer.decode(
+                trajectory.response_ids[start:end], skip_special_tokens=True
+            )
+        return trajectories
+
+    def _bandit_certificate(
+        self, batch: StageBatch, logp_cur: torch.Tensor
+    ) -> dict[str, float] | None:
+        """J(π_new) − J(π_start) ≥ bound, from the held-out trajectories (never trained on)."""
+        holdout = range(batch.n_train, len(batch.trajectories))
+        if len(holdout) < 2:
+            return None
+        logp_new = self.runtime.logprobs_by_owner(batch, holdout)
+        rows = list(holdout)
+        log_w = masked_sum(
+            logp_new[rows] - logp_cur[rows],
+            batch.owned_by(list(range(len(self.runtime.agents))))[rows],
+            dim=-1,
+        )
+        cert = self.runtime.config.algorithm.certificate
+        bound = bandit_lower_bound(
+            log_w,
+            batch.rewards[rows],
+            b=self.baseline_reward,
+            R_min=R_MIN,
+            R_max=R_MAX,
+            w_max=cert.w_max,
+            delta_conf=cert.delta_conf,
+            inequality=cert.inequality,
+        )
+        return {
+            "estimate": bound.estimate,
+            "deviation": bound.deviation,
+            "truncation_bias": bound.truncation_bias,
+            "lower_bound": bound.lower_bound,
+            "n": bound.n,
+        }
+
+    # --- resume -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "last_gains": self.last_gains,
+            "baseline_reward": self.baseline_reward,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.last_gains = state["last_gains"]
+        self.baseline_reward = state["baseline_reward"]

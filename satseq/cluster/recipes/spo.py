@@ -1,0 +1,196 @@
+"""SPO's stage (DESIGN §4): one response per prompt, a persistent Beta tracker as the baseline.
+
+Every agent is its own SPO learner with one tracker entry per (agent, raw problem text), its
+prior from the offline scores. Each stage an agent draws its own B prompts by priority, answers
+each once, and updates; its trackers are then updated with the log-probs after that step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import ray
+import torch
+
+from satseq.actors.trajectory import Trajectory
+from satseq.algo import BetaTracker, PrioritisedSampler, spo_advantages
+from satseq.algo.spo import binarise_score
+from satseq.cluster.recipes.base import (
+    StageResult,
+    lap,
+    near_zero_fraction,
+    stage_metrics,
+    update_metrics,
+)
+from satseq.cluster.stage_batch import StageBatch
+
+if TYPE_CHECKING:
+    from satseq.cluster.coordinator import Coordinator
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+"""A tracker key: (agent name, raw problem text)."""
+
+
+class SpoRecipe:
+    def __init__(self, runtime: Coordinator):
+        self.runtime = runtime
+        spo, trainer = runtime.config.spo, runtime.config.trainer
+        offline = _offline_values(spo.offline_values)
+        self.tracker = BetaTracker(spo.rho, spo.rho_min, spo.rho_max, spo.d_half)
+        self.problem_of: dict[Key, Any] = {}
+        self.keys: list[list[Key]] = []  # per agent, in data order
+        for name in runtime.agents:
+            keys = []
+            for problem in runtime.problems:
+                key = (name, problem.problem)
+                if key in self.problem_of:  # the same problem text twice: one tracker
+                    continue
+                self.tracker.add(key, offline.get(problem.problem))
+                self.problem_of[key] = problem
+                keys.append(key)
+            self.keys.append(keys)
+        self.prompts_without_prior = self.tracker.n_without_prior // len(runtime.agents)
+        if self.prompts_without_prior:
+            logger.warning(
+                "spo: %d of %d prompts have no offline scores (prior alpha = beta = 0.5); "
+                "they are %s",
+                self.prompts_without_prior,
+                len(self.keys[0]),
+                "sampled" if spo.sample_unscored_prompts else "never sampled",
+            )
+        self.sampler = PrioritisedSampler(
+            spo.candidate_pool_size,
+            gamma_s=spo.gamma_s,
+            exclude_without_prior=not spo.sample_unscored_prompts,
+            seed=trainer.seed,
+        )
+
+    def run_stage(self, k: int) -> StageResult:
+        rt, B = self.runtime, self.runtime.config.trainer.batch_size
+        n_agents = len(rt.agents)
+        timings: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        # 1. each agent draws B distinct prompts by priority w = sqrt(p̂(1 − p̂)) + 0.05
+        drawn = [
+            key
+            for a in range(n_agents)
+            for key in self.sampler.sample(self.tracker, B, self.keys[a])
+        ]
+        agent_rows = [range(a * B, (a + 1) * B) for a in range(n_agents)]
+        p_hat = torch.tensor([self.tracker.p_hat(key) for key in drawn])  # before this step
+        clock = lap(timings, "time/sample", clock)
+
+        # 2. one response per prompt, its 0/1 reward, and its behaviour log-probs
+        rt.set_progress("rollout")
+        prompts = [self.problem_of[key] for key in drawn]
+        owners = [[a] for a in range(n_agents) for _ in range(B)]
+        trajectories = rt.sample(prompts, owners, rt.sampling_spec())
+        rt.score(prompts, trajectories)
+        batch = StageBatch.build(trajectories, n_agents)
+        r = torch.tensor([float(binarise_score(t.reward)) for t in trajectories])
+        clock = lap(timings, "time/rollout", clock)
+        rt.set_progress("logprobs")
+        logp_cur = rt.logprobs_by_owner(batch)
+        clock = lap(timings, "time/logprobs", clock)
+
+        # 3. A = r − p̂, normalised over each agent's batch
+        A = torch.cat([spo_advantages(r[rows], p_hat[rows]) for rows in agent_rows])
+        c = torch.ones_like(A)
+
+        # 4. every agent's PPO-clip step, in parallel; then the engines get the new weights
+        rt.set_progress("update")
+        results = ray.get(
+            [
+                rt.start_update(a, batch, list(rows), logp_cur, A, c)
+                for a, rows in enumerate(agent_rows)
+            ]
+        )
+        for a in range(n_agents):
+            rt.push_weights(a)
+        clock = lap(timings, "time/update", clock)
+
+        # 5. the trackers, after the step: ρ from how far the policy moved, then r folds in
+        rt.set_progress("tracker")
+        rho = self._forgetting_factors(drawn)
+        for a, rows in enumerate(agent_rows):
+            for j, row in enumerate(rows):
+                t = trajectories[row]
+                n = len(t.response_ids)
+                self.tracker.update(
+                    drawn[row],
+                    float(r[row]),
+                    rho[row],
+                    logprobs=results[a].logp_hat[j, :n],
+                    mask=torch.tensor(t.response_mask, dtype=torch.float32),
+                    token_ids=torch.tensor(t.response_ids),
+                )
+        lap(timings, "time/tracker", clock)
+
+        per_agent = {
+            name: update_metrics(stats) for name, stats in zip(rt.agents, results, strict=True)
+        }
+        metrics = {
+            **stage_metrics(rt, batch, per_agent),
+            "advantage/near_zero_fraction": near_zero_fraction(A),
+            "spo/p_hat_mean": float(p_hat.mean()),
+            "spo/p_hat_std": float(p_hat.std(unbiased=False)),
+            "spo/rho_mean": float(np.mean(rho)),
+            "spo/prompts_without_prior": self.prompts_without_prior,
+            **timings,
+        }
+        return StageResult(metrics)
+
+    def _forgetting_factors(self, drawn: list[Key]) -> list[float]:
+        """ρ per drawn key. For `rho: kl`, a key's stored response is re-scored by the policy
+        after this step, and D compares that with its log-probs stored at the last visit."""
+        rt = self.runtime
+        revisits = [key for key in drawn if self.tracker.last_response(key) is not None]
+        logp_now: dict[Key, torch.Tensor] = {}
+        if self.tracker.rho_mode == "kl" and revisits:
+            refs = []
+            for a, name in enumerate(rt.agents):
+                keys = [key for key in revisits if key[0] == name]
+                stored = [self._stored_trajectory(a, key) for key in keys]
+                refs.append((keys, rt.learners[a].logprobs.remote(stored) if keys else None))
+            for keys, ref in refs:
+                if ref is None:
+                    continue
+                logp = ray.get(ref)
+                for j, key in enumerate(keys):
+                    n = len(self.tracker.last_response(key)["logprobs"])
+                    logp_now[key] = logp[j, :n]
+        return [self.tracker.rho(key, logp_now.get(key)) for key in drawn]
+
+    def _stored_trajectory(self, agent: int, key: Key) -> Trajectory:
+        response = self.tracker.last_response(key)
+        token_ids = response["token_ids"].tolist()
+        n = len(token_ids)
+        return Trajectory(
+            0,
+            self.runtime.prompt_ids(agent, self.problem_of[key]),
+            token_ids,
+            response["mask"].int().tolist(),
+            [agent] * n,
+            "stop",
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tracker": self.tracker.state_dict(), "sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tracker.load_state_dict(state["tracker"])
+        self.sampler.load_state_dict(state["sampler"])
+
+
+def _offline_values(path: str | None) -> dict[str, list[float]]:
+    if path is None:
+        return {}
+    from satseq.offline import load_offline_values
+
+    return load_offline_values(path)

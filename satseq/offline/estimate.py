@@ -1,0 +1,240 @@
+"""Step 2 of the offline values: n0 samples per problem from the base model, scored (§4).
+
+The problems of one data file are asked in the training prompt format (`data.prompt`), sampled
+with the training sampling settings (`rollout`) by real `RolloutActor`s spread over
+`rollout.num_actors`, and scored by the training reward (`reward`). With
+`rollout.tools.enabled`, the model's code runs in the configured sandbox, as in training.
+One JSONL row per sample:
+
+    {"prompt": <raw problem text>, "score": 1.0, "problem_id": ..., "answer": ...,
+     "sample_index": 0..n-1, "response": ..., "finish_reason": ..., "response_tokens": ...,
+     "status": <the scorer's status>, + the tool loop's "tool_calls", "turns", ...}
+
+`prompt` is the problem text as loaded, the key SPO's tracker uses; it is never parsed back out
+of the rendered chat template, which would change with the template.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from satseq.config import RunConfig, load_config
+from satseq.data import DataError, MathProblem, build_prompt, load_problems
+from satseq.offline.layout import default_exp_name, results_path
+
+log = logging.getLogger(__name__)
+
+AGENT = "base"  # the one agent of the estimation's rollout actors
+ProgressCallback = Callable[[int, int, float], None]
+"""Called after each chunk with (prompts done, prompts in all, mean score so far)."""
+
+
+@dataclass(frozen=True)
+class EstimateReport:
+    output_file: Path
+    num_prompts: int
+    num_samples: int  # n0 per prompt
+    mean_score: float
+    num_always_solved: int  # prompts whose every sample scored > 0.5
+    num_never_solved: int  # prompts whose every sample scored <= 0.5
+    statuses: dict[str, int]  # the scorer's status -> samples
+    skipped_rows: list[str]
+
+    def summary_lines(self) -> list[str]:
+        statuses = ", ".join(f"{status} {count}" for status, count in sorted(self.statuses.items()))
+        return [
+            f"wrote {self.output_file}",
+            f"prompts: {self.num_prompts}, samples per prompt: {self.num_samples}",
+            f"mean score: {self.mean_score:.4f}",
+            f"prompts always solved: {self.num_always_solved}, never solved: "
+            f"{self.num_never_solved}",
+            f"samples by scorer status: {statuses}",
+        ] + [f"skipped: {row}" for row in self.skipped_rows]
+
+
+def estimate_offline_values(
+    data_file: str | Path,
+    model_path: str,
+    output_dir: str | Path,
+    n_samples: int = 8,
+    exp_name: str | None = None,
+    config: RunConfig | None = None,
+    address: str | None = None,
+    chunk_size: int = 256,
+    on_progress: ProgressCallback | None = None,
+) -> EstimateReport:
+    """Sample and score `n_samples` responses per problem of `data_file`; see the module.
+
+    Writes `output_dir/<exp_name>/validation_data/0.jsonl` (the seeds' layout); `exp_name`
+    defaults to `offline_value_estimation_subset_<i>` for a `subset_<i>` file, else
+    `offline_value_estimation`. `config` (default: the embedded quickstart) supplies the
+    prompt format, sampling settings, reward and rollout actors; Ray is joined at `address`
+    ($RAY_ADDRESS), else started locally. Prompts go to the actors `chunk_size` at a time.
+    """
+    config = config or load_config()
+    if n_samples < 1:
+        raise DataError(f"n_samples must be >= 1, got {n_samples}")
+    if chunk_size < 1:
+        raise DataError(f"chunk_size must be >= 1, got {chunk_size}")
+    # Imported here, after the checks: Ray, torch and transformers take seconds to import.
+    import ray
+    from transformers import AutoTokenizer
+
+    from satseq.cluster import builders
+    from satseq.cluster.connection import connect
+    from satseq.models import resolve_model_path
+
+    loaded = load_problems(
+        data_file, config.data.split, config.data.field_map, config.data.skip_bad_rows
+    )
+    model_dir = str(resolve_model_path(model_path))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompt_format = builders.prompt_format(config)
+    output_file = results_path(output_dir, exp_name or default_exp_name(data_file))
+    output_file.parent.mkdir(parents=True, exist_ok=True)
+    partial_file = output_file.with_name(output_file.name + ".partial")
+
+    started_ray = not ray.is_initialized()
+    connect(address)
+    actors: list = []
+    sandbox = None
+    scorer = builders.reward_scorer(config)
+    scores_of: list[list[float]] = []
+    statuses: Counter[str] = Counter()
+    try:
+        if config.rollout.tools.enabled:  # the model's code runs as it would in training
+            sandbox = _start_sandbox(config)
+        actors = _start_rollout_actors(config, model_dir, sandbox)
+        with partial_file.open("w", encoding="utf-8") as rows:
+            for chunk_index, first in enumerate(range(0, len(loaded.problems), chunk_size)):
+                problems = loaded.problems[first : first + chunk_size]
+                spec = builders.sampling_spec(
+                    config, seed=(config.trainer.seed * 1_000_003 + chunk_index) * len(actors)
+                )
+                prompts = [build_prompt(tokenizer, problem, prompt_format) for problem in problems]
+                for problem, samples in zip(
+                    problems, _sample(actors, tokenizer, prompts, n_samples, spec), strict=True
+                ):
+                    responses = [
+                        tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in samples
+                    ]
+                    scored = scorer.score_batch(
+                        [problem.problem] * n_samples, responses, [problem.answer] * n_samples
+                    )
+                    statuses.update(scored.statuses)
+                    scores_of.append(scored.scores)
+                    for index, sample in enumerate(
+                        zip(samples, responses, scored.scores, scored.statuses, strict=True)
+                    ):
+                        rows.write(
+                            json.dumps(_row(problem, index, *sample), ensure_ascii=False) + "\n"
+                        )
+                if on_progress:
+                    done = first + len(problems)
+                    on_progress(done, len(loaded.problems), _mean(scores_of))
+        os.replace(partial_file, output_file)
+    finally:
+        scorer.close()
+        for actor in [*actors, sandbox] if sandbox else actors:
+            ray.kill(actor)
+        if started_ray:
+            ray.shutdown()
+    return EstimateReport(
+        output_file=output_file,
+        num_prompts=len(scores_of),
+        num_samples=n_samples,
+        mean_score=_mean(scores_of),
+        num_always_solved=sum(all(s > 0.5 for s in scores) for scores in scores_of),
+        num_never_solved=sum(all(s <= 0.5 for s in scores) for scores in scores_of),
+        statuses=dict(statuses),
+        skipped_rows=loaded.skipped_rows,
+    )
+
+
+def _start_sandbox(config: RunConfig):
+    """A SandboxPool actor for tool calls, started (so a weak sandbox fails here, not later)."""
+    import ray
+
+    from satseq.sandbox.backend import make_backend
+    from satseq.sandbox.pool import SandboxPoolActor
+
+    settings = config.sandbox
+    pool = SandboxPoolActor.options(num_cpus=0).remote(
+        partial(make_backend, settings), workers=settings.workers, queue_size=settings.queue_size
+    )
+    ray.get(pool.start.remote())
+    return pool
+
+
+def _start_rollout_actors(config: RunConfig, model_dir: str, sandbox) -> list:
+    """`rollout.num_actors` actors holding the base model, started and ready."""
+    import ray
+
+    from satseq.actors.rollout import RolloutActor
+
+    resources = config.rollout.resources
+    num_gpus = resources.num_gpus
+    if num_gpus > 0 and ray.cluster_resources().get("GPU", 0) == 0:
+        log.warning("rollout.resources asks for %s GPU but the cluster has none: CPU", num_gpus)
+        num_gpus = 0.0
+    actors = [
+        RolloutActor.options(num_cpus=resources.num_cpus, num_gpus=num_gpus).remote(
+            {AGENT: model_dir},
+            config.rollout.engine,
+            {"num_threads": max(1, int(resources.num_cpus))},
+            config.trainer.seed + 1000 * j,  # as in training: actors never share a stream
+            tools=config.rollout.tools if sandbox else None,
+            sandbox=sandbox,
+        )
+        for j in range(config.rollout.num_actors)
+    ]
+    ray.get([actor.ready.remote() for actor in actors])
+    return actors
+
+
+def _sample(actors: list, tokenizer, prompts: list[str], n_samples: int, spec) -> list[list]:
+    """`n_samples` Generations for each prompt; prompt r goes to actor r mod n, and actor j
+    samples with seed spec.seed + j, so that no two actors share random draws."""
+    import ray
+
+    requests = [
+        (AGENT, tokenizer.encode(prompt, add_special_tokens=False), n_samples) for prompt in prompts
+    ]
+    n = len(actors)
+    shards = ray.get(
+        [
+            actor.generate.remote(requests[j::n], replace(spec, seed=spec.seed + j))
+            for j, actor in enumerate(actors)
+        ]
+    )
+    return [shards[r % n][r // n] for r in range(len(requests))]
+
+
+def _row(
+    problem: MathProblem, index: int, generation, response: str, score: float, status: str
+) -> dict[str, Any]:
+    return {
+        **generation.meta,  # tool rollouts: tool_calls, turns, tool_statuses (never the keys below)
+        "prompt": problem.problem,
+        "score": float(score),
+        "problem_id": problem.problem_id,
+        "answer": problem.answer,
+        "sample_index": index,
+        "response": response,
+        "finish_reason": generation.finish_reason,
+        "response_tokens": len(generation.token_ids),
+        "status": status,
+    }
+
+
+def _mean(scores_of: list[list[float]]) -> float:
+    return statistics.fmean(score for scores in scores_of for score in scores)

@@ -1,0 +1,175 @@
+"""The HTTP surface of the team: request/response schemas and the FastAPI app (DESIGN §7).
+
+No `from __future__ import annotations` here: FastAPI reads the route signatures' annotations,
+and the request model is built per deployment from the configured bounds, so /docs and the
+OpenAPI schema state the real limits.
+"""
+
+import hmac
+import json
+import time
+from typing import Annotated, Protocol
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+
+from satseq.config.schema import ServeConfig
+from satseq.serving.metrics import ServeMetrics
+
+MAX_TEMPERATURE = 2.0
+PREDICT_PATH = "/predict"
+
+
+class PredictFields(BaseModel):
+    """What every /predict body shares; `predict_request_model` adds the configured bounds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("problem", check_fields=False)
+    @classmethod
+    def _not_blank(cls, problem: str) -> str:
+        # (pydantic itself refuses text that is not valid Unicode, such as a lone surrogate)
+        if not problem.strip():
+            raise ValueError("problem is blank")
+        return problem
+
+
+class PredictResponse(BaseModel):
+    predicted_answer: str | None = Field(description="the team's vote; null: no agent answered")
+    individual_answers: dict[str, list[str | None]] = Field(
+        description="agent → its samples' extracted answers"
+    )
+    votes: dict[str, int] = Field(description="answer (a cluster's first) → votes")
+    agreement: float = Field(description="the winner's share of the votes cast")
+    agents: list[str] = Field(description="the agents that answered")
+    degraded: bool = Field(description="some agent failed or timed out; the others voted")
+    failed_agents: dict[str, str] = Field(description="agent → why it has no answer")
+    latency_ms: float
+
+
+class Health(BaseModel):
+    status: str = Field(description="'ok' when every agent deployment answers")
+    agents: dict[str, bool]
+
+
+class Team(Protocol):
+    """What the app needs from the ingress (see `satseq.serving.ingress.TeamIngress`)."""
+
+    settings: ServeConfig
+    metrics: ServeMetrics
+    api_key: str | None
+
+    async def predict(
+        self, problem: str, samples_per_agent: int, temperature: float, max_tokens: int
+    ) -> PredictResponse: ...
+
+    async def health(self) -> Health: ...
+
+
+def predict_request_model(settings: ServeConfig) -> type[PredictFields]:
+    return create_model(
+        "PredictRequest",
+        __base__=PredictFields,
+        problem=(
+            str,
+            Field(
+                min_length=1,
+                description=f"the math problem; over {settings.max_problem_chars} characters "
+                "gets 413",
+            ),
+        ),
+        samples_per_agent=(
+            int | None,
+            Field(None, ge=1, le=settings.max_samples_per_agent, description="K per agent"),
+        ),
+        temperature=(
+            float | None,
+            Field(None, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False, description="0: greedy"),
+        ),
+        max_tokens=(
+            int | None,
+            Field(None, ge=1, le=settings.max_tokens, description="new tokens per sample"),
+        ),
+    )
+
+
+ERRORS = {
+    401: {"description": "the API key is set and the request lacks `Authorization: Bearer KEY`"},
+    413: {"description": "the problem is too long (characters, or tokens for an agent's context)"},
+    422: {"description": "the body is malformed or out of bounds; the detail says which field"},
+    503: {"description": "every agent failed"},
+    504: {"description": "no agent answered within the request timeout"},
+}
+
+
+def make_api(team: Team) -> FastAPI:
+    settings = team.settings
+    PredictRequest = predict_request_model(settings)
+    bearer = HTTPBearer(auto_error=False, description="needed when the API key is set")
+    app = FastAPI(
+        title="satseq team",
+        description="A trained team of LLM agents answering math problems by majority vote.",
+    )
+
+    async def check_api_key(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> None:
+        if team.api_key is None:
+            return
+        if credentials is None or not hmac.compare_digest(
+            credentials.credentials.encode(), team.api_key.encode()
+        ):
+            raise HTTPException(
+                401,
+                "missing or wrong API key: send the header `Authorization: Bearer <key>`",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    @app.exception_handler(RequestValidationError)
+    async def unprocessable(request: Request, error: RequestValidationError) -> Response:
+        # ASCII-escaped, unlike FastAPI's own handler: the errors echo the input, and an input
+        # holding a lone surrogate cannot be encoded as UTF-8.
+        body = json.dumps({"detail": jsonable_encoder(error.errors())}, ensure_ascii=True)
+        return Response(body, status_code=422, media_type="application/json")
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next):
+        started = time.perf_counter()
+        response = await call_next(request)
+        if request.url.path == PREDICT_PATH:
+            team.metrics.requests.labels(status=str(response.status_code)).inc()
+            team.metrics.latency.observe(time.perf_counter() - started)
+        return response
+
+    @app.post(
+        PREDICT_PATH,
+        response_model=PredictResponse,
+        responses=ERRORS,
+        dependencies=[Depends(check_api_key)],
+    )
+    async def predict(body: PredictRequest) -> PredictResponse:
+        """The team's answer to `problem`: every agent samples, the answers are voted on."""
+        return await team.predict(
+            body.problem,
+            body.samples_per_agent or settings.samples_per_agent,
+            settings.temperature if body.temperature is None else body.temperature,
+            body.max_tokens or settings.max_tokens,
+        )
+
+    @app.get("/health", response_model=Health, responses={503: {"model": Health}})
+    async def health() -> JSONResponse:
+        """200 when every agent deployment is ready, else 503 with which are not."""
+        state = await team.health()
+        return JSONResponse(state.model_dump(), status_code=200 if state.status == "ok" else 503)
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        """Prometheus metrics: requests by status, latency, agent generation time, agreement."""
+        return Response(team.metrics.export(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,168 @@
+"""The Ray Serve application: its graph, built in one function, and how `satseq serve` runs it.
+
+The same graph runs three ways:
+- `satseq serve --checkpoint-dir DIR`: `start_server`, with scaling read from configs/serve.yaml;
+- `serve run configs/serve.yaml` or `serve deploy`: Ray calls `build_app(args)`;
+- a KubeRay RayService (deploy/rayservice.yaml), whose serveConfigV2 is configs/serve.yaml.
+
+Deployments are named `agent_<name>` (one per agent) and `TeamIngress`; configs/serve.yaml
+sets their replicas and autoscaling by those names.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+from ray import serve
+from ray.serve import Application
+
+from satseq.cluster import builders
+from satseq.cluster.connection import connect
+from satseq.config import CONFIG_DIR, RunConfig
+from satseq.config.load import format_validation_error
+from satseq.config.schema import ServeConfig
+from satseq.evaluation.checkpoints import resolve_team
+from satseq.evaluation.runner import run_config_for
+from satseq.serving.agent import AgentDeployment
+from satseq.serving.ingress import TeamIngress
+
+log = logging.getLogger(__name__)
+
+SERVE_CONFIG = CONFIG_DIR / "serve.yaml"
+INGRESS = "TeamIngress"
+AGENT_PREFIX = "agent_"
+
+
+class ServeConfigError(ValueError):
+    """configs/serve.yaml or the serve settings are wrong; the message names the key."""
+
+
+def team_app(
+    config: RunConfig,
+    settings: ServeConfig,
+    deployment_options: dict[str, dict[str, Any]] | None = None,
+) -> Application:
+    """The graph: an AgentDeployment per agent of `settings.checkpoint_dir`, bound into the
+    TeamIngress. `deployment_options` (by deployment name) are Ray Serve deployment options;
+    names the team lacks are ignored with a warning (`serve run` would refuse them)."""
+    if not settings.checkpoint_dir:
+        raise ServeConfigError("serve.checkpoint_dir is not set: pass --checkpoint-dir")
+    options = dict(deployment_options or {})
+    team = resolve_team(settings.checkpoint_dir, settings.stage)
+    scorer = builders.reward_scorer(config)
+    agents = {}
+    for k, (name, path) in enumerate(team.agent_paths.items()):
+        deployment = f"{AGENT_PREFIX}{name}"
+        agents[name] = AgentDeployment.options(name=deployment, **options.pop(deployment, {})).bind(
+            str(path),
+            scorer,
+            settings.engine,
+            {"num_threads": settings.engine_threads},
+            settings.seed + k,
+        )
+    ingress = TeamIngress.options(name=INGRESS, **options.pop(INGRESS, {}))
+    if options:
+        log.warning(
+            "the serve config sets deployments %s, which this team does not have (its "
+            "deployments are %s): ignored; agents without settings get Ray Serve's defaults",
+            sorted(options),
+            [INGRESS, *(AGENT_PREFIX + n for n in agents)],
+        )
+    return ingress.bind(
+        agents,
+        {name: str(path) for name, path in team.agent_paths.items()},
+        builders.prompt_format(config),
+        scorer,
+        settings,
+    )
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """Ray Serve's application builder (`import_path: satseq.serving.app:build_app`).
+
+    `args` are `serve` settings (ServeConfig fields, `checkpoint_dir` required); the prompt
+    format and reward come from the checkpoint dir's train_config.yaml, as in `satseq eval`.
+    Scaling comes from the Serve config's `deployments`, which Ray applies itself.
+    """
+    checkpoint_dir = args.get("checkpoint_dir")
+    if not checkpoint_dir:
+        raise ServeConfigError("args.checkpoint_dir is required")
+    config = run_config_for(checkpoint_dir, [])
+    return team_app(config, serve_settings(config, args))
+
+
+def serve_settings(config: RunConfig, args: dict[str, Any]) -> ServeConfig:
+    """The config's `serve` section with `args` on top."""
+    try:
+        return ServeConfig.model_validate(config.serve.model_dump() | args)
+    except ValidationError as error:
+        raise ServeConfigError(format_validation_error(error, "serve settings")) from None
+
+
+def read_serve_config(path: str | Path = SERVE_CONFIG) -> dict[str, Any]:
+    """The one application of a Ray Serve config file, checked for what `satseq serve` needs."""
+    path = Path(path)
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ServeConfigError(f"{path}: cannot read the Serve config: {error}") from None
+    applications = (spec or {}).get("applications") if isinstance(spec, dict) else None
+    if not isinstance(applications, list) or len(applications) != 1:
+        raise ServeConfigError(f"{path}: expected `applications:` with exactly one application")
+    application = applications[0]
+    if not isinstance(application.get("deployments", []), list):
+        raise ServeConfigError(f"{path}: applications[0].deployments must be a list")
+    return application
+
+
+def deployment_options(application: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Deployment name → its options (everything but `name`), from a Serve config application."""
+    return {
+        d["name"]: {key: value for key, value in d.items() if key != "name"}
+        for d in application.get("deployments", [])
+    }
+
+
+def start_server(
+    config: RunConfig,
+    checkpoint_dir: str | Path,
+    port: int | None = None,
+    samples_per_agent: int | None = None,
+    stage: int | None = None,
+    serve_config: str | Path | None = None,
+    address: str | None = None,
+) -> str:
+    """Deploy the team (scaling from `serve_config`, default configs/serve.yaml) and return the
+    base URL once every deployment is up. Host and port: `serve.host`, `--port`/`serve.port`
+    (the Serve config's http_options are for clusters)."""
+    application = read_serve_config(serve_config or SERVE_CONFIG)
+    flags = {"checkpoint_dir": str(checkpoint_dir), "stage": stage}
+    if samples_per_agent is not None:
+        flags["samples_per_agent"] = samples_per_agent
+    settings = serve_settings(config, application.get("args", {}) | flags)
+    app = team_app(config, settings, deployment_options(application))
+    connect(address)
+    port = port or settings.port
+    serve.start(http_options={"host": settings.host, "port": port})
+    serve.run(
+        app,
+        name=application.get("name", "satseq"),
+        route_prefix=application.get("route_prefix", "/"),
+    )
+    return f"http://{settings.host}:{port}"
+
+
+def run_server(*args: Any, **kwargs: Any) -> None:
+    """`start_server`, then serve until Ctrl-C."""
+    url = start_server(*args, **kwargs)
+    print(f"serving the team at {url}  (POST /predict, GET /health, /metrics, /docs); Ctrl-C stops")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()

@@ -1,0 +1,158 @@
+"""The team's ingress deployment: it checks a request, fans it out to every agent at once, and
+votes on what comes back (DESIGN §7).
+
+A request over a limit (problem characters, or prompt plus max_tokens over an agent's context)
+gets 413 here, before any engine sees it. An agent that fails or misses the per-request
+timeout drops out of the vote, and the response says `degraded: true`; only when no agent
+answered is it an error: 504 if some agent timed out, else 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from fastapi import FastAPI, HTTPException
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from transformers import AutoConfig, AutoTokenizer
+
+from satseq.actors.trajectory import SamplingSpec
+from satseq.config.schema import ServeConfig
+from satseq.data import PromptFormat
+from satseq.evaluation.team import prompt_ids
+from satseq.evaluation.vote import team_vote
+from satseq.rewards import RewardScorer
+from satseq.serving.agent import AgentAnswers
+from satseq.serving.api import Health, PredictResponse, make_api
+from satseq.serving.metrics import ServeMetrics
+
+HEALTH_TIMEOUT_S = 5.0
+
+
+@serve.deployment(max_ongoing_requests=256)
+@serve.ingress()
+class TeamIngress:
+    def __init__(
+        self,
+        agents: dict[str, DeploymentHandle],
+        agent_paths: dict[str, str],
+        prompt_format: PromptFormat,
+        scorer: RewardScorer,
+        settings: ServeConfig,
+    ) -> None:
+        self.agents = agents
+        self.tokenizers = {
+            name: AutoTokenizer.from_pretrained(p) for name, p in agent_paths.items()
+        }
+        self.context_tokens = {
+            name: AutoConfig.from_pretrained(p).max_position_embeddings
+            for name, p in agent_paths.items()
+        }
+        self.prompt_format = prompt_format
+        self.scorer = scorer
+        self.settings = settings
+        # Read in the replica's process: a RayService sets it on the pod (from a Secret).
+        self.api_key = os.environ.get(settings.api_key_env or "") or None
+        self.metrics = ServeMetrics()
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return make_api(self)
+
+    async def predict(
+        self, problem: str, samples_per_agent: int, temperature: float, max_tokens: int
+    ) -> PredictResponse:
+        started = time.perf_counter()
+        self._check_length(problem)
+        prompts = {
+            name: prompt_ids(tokenizer, problem, self.prompt_format)
+            for name, tokenizer in self.tokenizers.items()
+        }
+        for name, ids in prompts.items():
+            if len(ids) + max_tokens > self.context_tokens[name]:
+                raise HTTPException(
+                    413,
+                    f"the prompt is {len(ids)} tokens for agent {name!r}; with max_tokens "
+                    f"{max_tokens} it exceeds the agent's context of {self.context_tokens[name]}",
+                )
+        spec = SamplingSpec(
+            temperature=temperature, top_p=self.settings.top_p, max_new_tokens=max_tokens
+        )
+        answered, failed = await self._ask_agents(prompts, samples_per_agent, spec)
+        if not answered:
+            timed_out = any(reason.startswith("timeout") for reason in failed.values())
+            raise HTTPException(504 if timed_out else 503, f"no agent answered: {failed}")
+        for name, answers in answered.items():
+            self.metrics.agent_generation.labels(agent=name).observe(answers.generation_s)
+        vote = await asyncio.to_thread(
+            team_vote,
+            [answer for a in answered.values() for answer in a.answers],
+            [logprob for a in answered.values() for logprob in a.logprobs],
+            self.scorer.answers_equivalent,
+        )
+        self.metrics.agreement.observe(vote.agreement)
+        return PredictResponse(
+            predicted_answer=vote.answer,
+            individual_answers={name: a.answers for name, a in answered.items()},
+            votes=vote.votes,
+            agreement=vote.agreement,
+            agents=list(answered),
+            degraded=bool(failed),
+            failed_agents=failed,
+            latency_ms=(time.perf_counter() - started) * 1000,
+        )
+
+    def _check_length(self, problem: str) -> None:
+        limit = self.settings.max_problem_chars
+        if len(problem) > limit:
+            raise HTTPException(
+                413, f"the problem is {len(problem)} characters; the limit is {limit}"
+            )
+
+    async def _ask_agents(
+        self, prompts: dict[str, list[int]], n: int, spec: SamplingSpec
+    ) -> tuple[dict[str, AgentAnswers], dict[str, str]]:
+        """Every agent at once; returns (answers of those that answered in time, why the
+        others did not)."""
+        responses = {
+            name: self.agents[name].answer.remote(ids, n, spec) for name, ids in prompts.items()
+        }
+        tasks = {name: asyncio.ensure_future(_awaited(r)) for name, r in responses.items()}
+        await asyncio.wait(tasks.values(), timeout=self.settings.timeout_s)
+        answered, failed = {}, {}
+        for name, task in tasks.items():
+            if not task.done():
+                task.cancel()
+                responses[name].cancel()
+                failed[name] = f"timeout: no answer within {self.settings.timeout_s:g} s"
+            elif task.exception() is not None:
+                failed[name] = _reason(task.exception())
+            else:
+                answered[name] = task.result()
+        for name in failed:
+            self.metrics.agent_failures.labels(agent=name).inc()
+        return answered, failed
+
+    async def health(self) -> Health:
+        async def ready(handle: DeploymentHandle) -> bool:
+            try:
+                return await asyncio.wait_for(_awaited(handle.ready.remote()), HEALTH_TIMEOUT_S)
+            except Exception:  # an agent that cannot answer is not ready, whatever the reason
+                return False
+
+        states = await asyncio.gather(*(ready(h) for h in self.agents.values()))
+        agents = dict(zip(self.agents, states, strict=True))
+        return Health(status="ok" if all(states) else "unavailable", agents=agents)
+
+
+async def _awaited(response):
+    """A DeploymentResponse as a coroutine, so asyncio can wait on and cancel it."""
+    return await response
+
+
+def _reason(error: BaseException) -> str:
+    """The first line of the agent's error, without Ray's wrapping traceback."""
+    cause = getattr(error, "cause", None) or error
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[-1] if lines else 'no details'}"

@@ -1,0 +1,62 @@
+"""SPO and GRPO end to end on the tiny model: the real `satseq train` on a real Ray instance."""
+
+import json
+import subprocess
+
+import pytest
+
+from satseq.data import make_split
+from tests.cluster.runs import SPO_RUN, read_metrics, run_env, train_command
+
+pytestmark = pytest.mark.slow
+
+
+def test_spo_runs_with_offline_priors_kl_forgetting_and_its_metrics(
+    tmp_path, built_quickstart_model
+):
+    problems = make_split("test", 8, seed=0, difficulty=1, style="symbols")
+    # offline scores for 6 of the 8 prompts: the other 2 start at Beta(0.5, 0.5) and are counted
+    values = {p.problem: [1.0, 0.0, 1.0, 1.0] for p in problems[:6]}
+    values_file = tmp_path / "values.json"
+    values_file.write_text(json.dumps(values))
+    output_dir = tmp_path / "spo"
+    subprocess.run(
+        train_command(output_dir, 4, *SPO_RUN, "--set", f"spo.offline_values={values_file}"),
+        check=True,
+        timeout=600,
+        env=run_env(),
+    )
+    metrics = read_metrics(output_dir)
+    assert [m["stage"] for m in metrics] == [0, 1, 2, 3]
+    for m in metrics:
+        assert m["spo/prompts_without_prior"] == 2
+        assert 0.875 <= m["spo/rho_mean"] <= 0.96
+        assert 0.0 < m["spo/p_hat_mean"] < 1.0
+        assert 0.0 <= m["advantage/near_zero_fraction"] <= 1.0
+        assert m["accepted/a0"] == m["accepted/a1"] == 2  # no trust region: every step taken
+        assert "reward/team_vote" not in m  # agents answer different prompts under SPO
+    # the prior for 3 of 4 successes is p̂ = (3 + 0.5) / (4 + 1) = 0.7, the empty one 0.5
+    assert any(abs(m["spo/p_hat_mean"] - 0.5) > 1e-6 for m in metrics)
+    # revisited prompts are re-scored after a policy step: ρ < ρ_max somewhere
+    assert min(m["spo/rho_mean"] for m in metrics[1:]) < 0.96
+
+
+def test_grpo_runs_with_group_metrics(tmp_path, built_quickstart_model):
+    output_dir = tmp_path / "grpo"
+    subprocess.run(
+        train_command(output_dir, 2, "--set", "algorithm.name=grpo", "--set", "grpo.group_size=4"),
+        check=True,
+        timeout=600,
+        env=run_env(),
+    )
+    metrics = read_metrics(output_dir)
+    assert [m["stage"] for m in metrics] == [0, 1]
+    for m in metrics:
+        # 4 prompts × 3 agents = 12 groups, so the fraction is a multiple of 1/12
+        assert (
+            abs(m["groups/degenerate_fraction"] * 12 - round(m["groups/degenerate_fraction"] * 12))
+            < 1e-9
+        )
+        # a degenerate group's G samples all get A = 0
+        assert m["advantage/near_zero_fraction"] >= m["groups/degenerate_fraction"] - 1e-6
+        assert 0.0 <= m["reward/team_vote"] <= 1.0

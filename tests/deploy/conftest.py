@@ -1,0 +1,29 @@
+"""One short real training shared by the observe tests (Ray metrics, report, TensorBoard)."""
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import built_quickstart_model  # noqa: F401 (a fixture)
+from tests.deploy.observed_run import REPO
+
+
+@dataclass(frozen=True)
+class ObservedRun:
+    output_dir: Path  # a `satseq train` output directory
+    ray_metrics: str  # Ray's Prometheus text after the last stage
+
+
+@pytest.fixture(scope="session")
+def observed_run(tmp_path_factory, built_quickstart_model) -> ObservedRun:  # noqa: F811
+    out = tmp_path_factory.mktemp("observed")
+    subprocess.run(
+        [sys.executable, "-m", "tests.deploy.observed_run", str(out)],
+        cwd=REPO,
+        check=True,
+        timeout=1200,
+    )
+    return ObservedRun(out / "run", (out / "ray_metrics.txt").read_text())

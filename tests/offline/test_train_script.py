@@ -1,0 +1,131 @@
+"""`scripts/train.sh`: the seeds' environment variables become `satseq train` overrides."""
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).parents[2]
+TRAIN_SH = ROOT / "scripts" / "train.sh"
+SATSEQ = str(Path(sys.executable).parent / "satseq")
+# The script reads these; the test's environment must not leak any of them into a run.
+SCRIPT_VARIABLES = (
+    "METHOD", "OUTPUT_DIR", "TRAIN_DATA_DIR", "MODEL_PATH", "EXP_NAME", "OFFLINE_VALUES",
+    "N_TRAIN", "N_VAL", "RESPONSE_LENGTH", "DEBUG", "DRY_RUN", "RAY_ADDRESS",
+)  # fmt: skip
+
+
+def run_script(variables, *args, timeout=60):
+    env = {k: v for k, v in os.environ.items() if k not in SCRIPT_VARIABLES}
+    env |= {"SATSEQ": SATSEQ, **variables}
+    return subprocess.run(
+        [str(TRAIN_SH), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def printed_command(result):
+    """The command the script prints on its first line ("+ satseq train ...")."""
+    assert result.returncode == 0, result.stderr
+    first_line = result.stdout.splitlines()[0]
+    assert first_line.startswith("+ ")
+    return shlex.split(first_line[2:])
+
+
+def resolved_config(command):
+    """What `satseq train` would train with: the same arguments given to `config show`."""
+    assert command[:2] == [SATSEQ, "train"]
+    show = subprocess.run(
+        [SATSEQ, "config", "show", *command[2:]], capture_output=True, text=True, timeout=60
+    )
+    assert show.returncode == 0, show.stderr
+    return yaml.safe_load(show.stdout)
+
+
+def test_spo_variables_map_to_config_keys(tmp_path):
+    result = run_script(
+        {
+            "METHOD": "SPO",
+            "DRY_RUN": "1",
+            "OUTPUT_DIR": str(tmp_path / "runs"),
+            "EXP_NAME": "0123",  # stays text, not the number 123
+            "TRAIN_DATA_DIR": "splits/train set.parquet",
+            "MODEL_PATH": "/models/it's here",
+            "OFFLINE_VALUES": "splits/offline_values.json",
+            "RESPONSE_LENGTH": "2048",
+            "N_TRAIN": "4",
+            "N_VAL": "16",
+        },
+        "--resume",
+    )
+    command = printed_command(result)
+    assert command[2] == str(ROOT / "configs" / "spo.yaml")
+    assert command[-1] == "--resume"
+    assert len(result.stdout.splitlines()) == 1  # DRY_RUN: printed, not run
+    assert "N_TRAIN=4 is not used: SPO samples one response per prompt" in result.stderr
+    config = resolved_config(command[:-1])
+    assert config["algorithm"]["name"] == "spo"
+    assert config["output"] == {
+        "dir": str(tmp_path / "runs"),
+        "exp_name": "0123",
+        "tensorboard": True,
+    }
+    assert config["data"]["train"] == "splits/train set.parquet"
+    assert config["team"]["agents"][0]["path"] == "/models/it's here"
+    assert config["spo"]["offline_values"] == "splits/offline_values.json"
+    assert config["rollout"]["max_new_tokens"] == 2048
+    assert config["eval"]["samples_per_agent"] == 16  # N_VAL: samples per validation prompt
+    assert config["grpo"]["group_size"] == 8  # untouched: SPO does not read it
+
+
+def test_grpo_is_the_seeds_default_and_n_train_is_its_group_size():
+    result = run_script({"DRY_RUN": "True", "N_TRAIN": "4", "OFFLINE_VALUES": "v.json"})
+    command = printed_command(result)
+    assert command[:3] == [SATSEQ, "train", str(ROOT / "configs" / "grpo.yaml")]
+    assert "OFFLINE_VALUES is not used: only SPO reads it" in result.stderr
+    config = resolved_config(command)
+    assert config["algorithm"]["name"] == "grpo"
+    assert config["grpo"]["group_size"] == 4
+    assert config["spo"]["offline_values"] is None
+
+
+def test_debug_is_a_tiny_cpu_run_that_the_variables_still_override():
+    result = run_script({"METHOD": "spo", "DEBUG": "1", "DRY_RUN": "1", "RESPONSE_LENGTH": "40"})
+    config = resolved_config(printed_command(result))
+    assert config["team"]["agents"] == [
+        {"name": "policy", "path": "builtin:tiny", "role_prompt": None}
+    ]
+    assert config["data"]["train"] == "synthetic"
+    assert (config["rollout"]["engine"], config["rollout"]["max_new_tokens"]) == ("hf", 40)
+    assert (config["trainer"]["stages"], config["trainer"]["batch_size"]) == (2, 4)
+    assert config["trainer"]["resources"]["num_gpus"] == 0
+    assert config["output"]["exp_name"] == "debug_spo"
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"METHOD": "PPO"}, "METHOD=PPO: use GRPO or SPO"),
+        ({"DEBUG": "maybe"}, "DEBUG=maybe: use 1/True or 0/False"),
+    ],
+)
+def test_bad_variables_are_named(variables, message):
+    result = run_script({"DRY_RUN": "1", **variables})
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.slow
+def test_spo_debug_run_trains_end_to_end(tmp_path):
+    result = run_script({"METHOD": "SPO", "DEBUG": "1", "OUTPUT_DIR": str(tmp_path)}, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    run_dir = tmp_path / "debug_spo"
+    config = yaml.safe_load((run_dir / "train_config.yaml").read_text())
+    assert config["algorithm"]["name"] == "spo"
+    stages = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(stages) == 2
+    assert (run_dir / "agent_policy" / "stage_1" / "config.json").is_file()
