@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from satseq.actors.learner import LearnerSpec, LossSpec
 from satseq.actors.trajectory import SamplingSpec
 from satseq.config import RunConfig
@@ -123,3 +125,20 @@ def learner_spec(config: RunConfig, agent_index: int, device: str, num_threads: 
         seed=trainer.seed + agent_index,
         num_threads=num_threads,
     )
+
+
+def start_sandbox_pool(config: RunConfig, name: str | None = None):
+    """The SandboxPool actor for tool calls, started: a sandbox below `sandbox.min_isolation`
+    fails here, at start-up, not on the first tool call."""
+    import ray
+
+    from satseq.sandbox.backend import make_backend
+    from satseq.sandbox.pool import SandboxPoolActor
+
+    sandbox = config.sandbox
+    options = {"num_cpus": 0} | ({"name": name} if name else {})
+    pool = SandboxPoolActor.options(**options).remote(
+        partial(make_backend, sandbox), workers=sandbox.workers, queue_size=sandbox.queue_size
+    )
+    ray.get(pool.start.remote())
+    return pool

@@ -9,7 +9,6 @@ bottom in `satseq/cluster/recipes/<name>.py`: sat_seq, spo or grpo (`algorithm.n
 from __future__ import annotations
 
 import random
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +34,6 @@ from satseq.evaluation.outputs import write_predictions
 from satseq.evaluation.runner import eval_sampling_spec, fan_out
 from satseq.evaluation.team import evaluate_team
 from satseq.models import resolve_model_path
-from satseq.sandbox.backend import make_backend
-from satseq.sandbox.pool import SandboxPoolActor
 
 
 class Coordinator:
@@ -58,7 +55,7 @@ class Coordinator:
 
         placement = place_team(config)
         tools = config.rollout.tools if config.rollout.tools.enabled else None
-        self.sandbox = self._start_sandbox() if tools else None
+        self.sandbox = builders.start_sandbox_pool(config, "satseq-sandbox-pool") if tools else None
         self.learners = [
             LearnerActor.options(
                 name=f"satseq-learner-{name}", **placement.learner_options(i)
@@ -253,16 +250,6 @@ class Coordinator:
 
     def set_progress(self, phase: str, agent: str | None = None) -> None:
         self.progress = {"stage": self.stage, "phase": phase, "agent": agent}
-
-    def _start_sandbox(self):
-        """The SandboxPool actor that tool-augmented rollouts call; fails here if the sandbox
-        is below `sandbox.min_isolation`, not on the first tool call."""
-        sandbox = self.config.sandbox
-        pool = SandboxPoolActor.options(name="satseq-sandbox-pool", num_cpus=0).remote(
-            partial(make_backend, sandbox), workers=sandbox.workers, queue_size=sandbox.queue_size
-        )
-        ray.get(pool.start.remote())
-        return pool
 
     # --- outputs and resume ---------------------------------------------------------------------
 

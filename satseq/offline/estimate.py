@@ -23,7 +23,6 @@ import statistics
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +111,7 @@ def estimate_offline_values(
     statuses: Counter[str] = Counter()
     try:
         if config.rollout.tools.enabled:  # the model's code runs as it would in training
-            sandbox = _start_sandbox(config)
+            sandbox = builders.start_sandbox_pool(config)
         actors = _start_rollout_actors(config, model_dir, sandbox)
         with partial_file.open("w", encoding="utf-8") as rows:
             for chunk_index, first in enumerate(range(0, len(loaded.problems), chunk_size)):
@@ -158,21 +157,6 @@ def estimate_offline_values(
         statuses=dict(statuses),
         skipped_rows=loaded.skipped_rows,
     )
-
-
-def _start_sandbox(config: RunConfig):
-    """A SandboxPool actor for tool calls, started (so a weak sandbox fails here, not later)."""
-    import ray
-
-    from satseq.sandbox.backend import make_backend
-    from satseq.sandbox.pool import SandboxPoolActor
-
-    settings = config.sandbox
-    pool = SandboxPoolActor.options(num_cpus=0).remote(
-        partial(make_backend, settings), workers=settings.workers, queue_size=settings.queue_size
-    )
-    ray.get(pool.start.remote())
-    return pool
 
 
 def _start_rollout_actors(config: RunConfig, model_dir: str, sandbox) -> list:
