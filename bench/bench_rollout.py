@@ -32,20 +32,17 @@ import torch
 from satseq.actors.engines import ENGINE_KINDS, make_engine
 from satseq.actors.rollout import RolloutActor
 from satseq.actors.trajectory import Generation, SamplingSpec
-from satseq.data import build_prompt, make_split
-from satseq.models import build_tiny_model, load_policy, resolve_model_path
+from satseq.data import make_split, prompt_ids
+from satseq.models import build_tiny_model, load_policy, load_tokenizer, resolve_model_path
 
 Generate = Callable[[], list[list[Generation]]]
 Sync = Callable[[], object]
 
 
 def quickstart_prompts(model_path: str, count: int) -> list[list[int]]:
-    _, tokenizer = load_policy(model_path, "float32")
+    tokenizer = load_tokenizer(model_path)
     problems = make_split("test", count, difficulty=1, style="symbols")
-    return [
-        tokenizer.encode(build_prompt(tokenizer, problem), add_special_tokens=False)
-        for problem in problems
-    ]
+    return [prompt_ids(tokenizer, problem) for problem in problems]
 
 
 def learner_weights(model_path: str) -> dict[str, torch.Tensor]:

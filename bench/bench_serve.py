@@ -33,11 +33,11 @@ import ray
 from satseq.actors.trajectory import SamplingSpec
 from satseq.cluster import builders
 from satseq.config import load_config
-from satseq.data import make_split
-from satseq.evaluation import prompt_ids, team_vote
+from satseq.data import make_split, prompt_ids
+from satseq.evaluation import team_vote
 from satseq.models import resolve_model_path
-from satseq.serving import start_server
 from satseq.serving.agent import AgentModel
+from satseq.serving.app import start_server
 
 AGENTS = ("a0", "a1", "a2")
 

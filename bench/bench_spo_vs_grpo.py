@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from satseq.data import make_split
+from satseq.report import read_metrics
 
 SATSEQ = str(Path(sys.executable).parent / "satseq")
 N_TRAIN = 96  # training prompts (synthetic split 'test', which the warm start never saw)
@@ -83,7 +84,7 @@ def offline_values(out: Path, data_file: Path) -> Path:
 
 
 def curve(run_dir: Path) -> dict[str, list[float]]:
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_metrics(run_dir / "metrics.jsonl")
     return {
         "tokens": np.cumsum([m["tokens/generated"] for m in metrics]).tolist(),
         "wall_s": np.cumsum([sum(m.get(k, 0.0) for k in TRAIN_PHASES) for m in metrics]).tolist(),

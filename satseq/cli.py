@@ -144,7 +144,7 @@ def serve_team(
 ) -> None:
     """Serve the team over HTTP (Ray Serve): POST /predict, GET /health, /metrics, /docs."""
     from satseq.evaluation import CheckpointError
-    from satseq.serving import ServeConfigError, run_server
+    from satseq.serving.app import ServeConfigError, run_server
 
     config = resolve_config_for(checkpoint_dir, set_)
     try:

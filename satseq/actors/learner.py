@@ -14,10 +14,10 @@ from typing import Any, Literal
 import ray
 import torch
 
-from satseq.actors.forward import response_logits
+from satseq.actors.forward import response_logits, response_logprobs
 from satseq.actors.trajectory import PaddedBatch, Trajectory, pad_batch
-from satseq.algo.kl import kl_exact, kl_k3, kl_quantile, sequence_kl
-from satseq.algo.logprobs import token_logprobs
+from satseq.algo.kl import kl_exact_from_logprobs, kl_k3, kl_quantile, sequence_kl
+from satseq.algo.logprobs import gather_token_logprobs, vocabulary_logprobs
 from satseq.algo.losses import Aggregation, RatioMode, kl_penalty, policy_loss
 from satseq.algo.masks import owner_mask
 from satseq.algo.trust_region import (
@@ -129,7 +129,7 @@ class Learner:
         for start in range(0, len(trajectories), size):
             rows = slice(start, min(start + size, len(trajectories)))
             batch = pad_batch(trajectories[rows], self.pad_token_id)
-            yield rows, _to_device(batch, self.spec.device)
+            yield rows, batch.to(self.spec.device)
 
     @torch.no_grad()
     def logprobs(self, trajectories: list[Trajectory]) -> torch.Tensor:
@@ -137,8 +137,7 @@ class Learner:
         T = max(len(t.response_ids) for t in trajectories)
         out = torch.zeros(len(trajectories), max(T, 1))
         for rows, batch in self._micro_batches(trajectories):
-            logits = response_logits(self.model, batch)
-            logp = token_logprobs(logits, batch.response_ids, self.spec.temperature)
+            logp = response_logprobs(self.model, batch, self.spec.temperature)
             out[rows, : logp.shape[1]] = logp.float().cpu()
         return out
 
@@ -181,8 +180,10 @@ class Learner:
                 if count == 0:
                     continue
                 T_mb = mask.shape[1]
-                logits = response_logits(self.model, batch)
-                logp = token_logprobs(logits, batch.response_ids, spec.temperature)
+                logp_vocabulary = vocabulary_logprobs(
+                    response_logits(self.model, batch), spec.temperature
+                )
+                logp = gather_token_logprobs(logp_vocabulary, batch.response_ids)
                 pl = policy_loss(
                     logp,
                     logp_cur[rows, :T_mb].to(logp.device),
@@ -198,7 +199,7 @@ class Learner:
                 loss = pl.loss
                 if beta > 0:
                     per_token_kl = self._per_token_kl(
-                        logits, logp, logp_cur[rows, :T_mb], batch, reference
+                        logp_vocabulary, logp, logp_cur[rows, :T_mb], batch, reference
                     )
                     loss = loss + kl_penalty(per_token_kl, mask, beta)
                 weight = float(count) / total
@@ -249,13 +250,16 @@ class Learner:
         reference.requires_grad_(False)
         return reference
 
-    def _per_token_kl(self, logits, logp, logp_cur_rows, batch, reference) -> torch.Tensor:
-        """KL(π_θ ‖ π_cur) per response token, [n, T_mb]."""
+    def _per_token_kl(self, logp_vocabulary, logp, logp_cur_rows, batch, reference) -> torch.Tensor:
+        """KL(π_θ ‖ π_cur) per response token, [n, T_mb]; logp_vocabulary [n, T_mb, V] is
+        π_θ's at the sampling temperature (computed once, for the loss and the KL)."""
         if reference is None:
             return kl_k3(logp, logp_cur_rows.to(logp.device))
         with torch.no_grad():
-            reference_logits = response_logits(reference, batch)
-        return kl_exact(logits, reference_logits, self.spec.temperature)
+            reference_logp = vocabulary_logprobs(
+                response_logits(reference, batch), self.spec.temperature
+            )
+        return kl_exact_from_logprobs(logp_vocabulary, reference_logp)
 
     @torch.no_grad()
     def _kl_quantile_and_logprobs(
@@ -265,11 +269,13 @@ class Learner:
         seq_kls = []
         logp_new = torch.zeros_like(logp_cur)
         for (rows, batch), mask in zip(micro_batches, masks, strict=True):
-            logits = response_logits(self.model, batch)
-            logp = token_logprobs(logits, batch.response_ids, self.spec.temperature)
+            logp_vocabulary = vocabulary_logprobs(
+                response_logits(self.model, batch), self.spec.temperature
+            )
+            logp = gather_token_logprobs(logp_vocabulary, batch.response_ids)
             logp_new[rows, : logp.shape[1]] = logp.float().cpu()
             per_token_kl = self._per_token_kl(
-                logits, logp, logp_cur[rows, : logp.shape[1]], batch, reference
+                logp_vocabulary, logp, logp_cur[rows, : logp.shape[1]], batch, reference
             )
             owns = mask.sum(-1) > 0
             seq_kls.append(sequence_kl(per_token_kl, mask)[owns].float().cpu())
@@ -309,12 +315,6 @@ class Learner:
 
     def ready(self) -> bool:
         return True
-
-
-def _to_device(batch: PaddedBatch, device: str) -> PaddedBatch:
-    if device == "cpu":
-        return batch
-    return PaddedBatch(*(tensor.to(device) for tensor in vars(batch).values()))
 
 
 LearnerActor = ray.remote(Learner)

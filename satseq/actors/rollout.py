@@ -21,13 +21,12 @@ from typing import Any
 
 import ray
 import torch
-from transformers import AutoTokenizer
 
 from satseq.actors.engines import Engine, EngineKind, make_engine
 from satseq.actors.tool_loop import SandboxClient, ToolLoop
 from satseq.actors.trajectory import Generation, SamplingSpec
 from satseq.config.schema import ToolConfig
-from satseq.models import resolve_model_path
+from satseq.models import load_tokenizer
 
 Request = tuple[str, list[int], int]
 """(agent name, prompt token ids, number of samples)."""
@@ -64,7 +63,7 @@ class RolloutWorker:
         if use_tools:
             self.sandbox = SandboxClient(sandbox)
             self.tool_loops = {
-                name: ToolLoop(self.engines[name], _load_tokenizer(path), self.sandbox, tools)
+                name: ToolLoop(self.engines[name], load_tokenizer(path), self.sandbox, tools)
                 for name, path in agent_paths.items()
             }
 
@@ -116,9 +115,24 @@ class RolloutWorker:
             self.sandbox.close()
 
 
-def _load_tokenizer(path: str):
-    """The tokenizer the tool loop reads the model's code with and writes tool output in."""
-    return AutoTokenizer.from_pretrained(resolve_model_path(path))
-
-
 RolloutActor = ray.remote(RolloutWorker)
+
+ACTOR_SEED_STRIDE = 7919  # actor j samples with spec.seed + 7919·j: no two share random draws
+
+
+def spread_requests(actors: list[ray.actor.ActorHandle]):
+    """A `generate(requests, spec)` that deals requests round-robin over rollout actors and
+    returns the results in request order; a seeded spec is offset per actor."""
+
+    def generate(requests: list[Request], spec: SamplingSpec) -> list[list[Generation]]:
+        n = len(actors)
+        specs = [
+            spec if spec.seed is None else replace(spec, seed=spec.seed + ACTOR_SEED_STRIDE * j)
+            for j in range(n)
+        ]
+        shards = ray.get(
+            [actor.generate.remote(requests[j::n], specs[j]) for j, actor in enumerate(actors)]
+        )
+        return [shards[r % n][r // n] for r in range(len(requests))]
+
+    return generate

@@ -159,7 +159,7 @@ class ToolRollout:
 class ToolLoop:
     """Runs the agent loop for one agent's engine; see the module docstring.
 
-    `print_last_expression` shows the value of a final expression statement, as a REPL does
+    A final expression statement's value is printed, as a REPL shows it
     (`tool_text.print_last_expression`).
     """
 
@@ -169,13 +169,11 @@ class ToolLoop:
         tokenizer: Any,
         sandbox: SandboxClient,
         config: ToolConfig,
-        print_last_expression: bool = True,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.sandbox = sandbox
         self.config = config
-        self.print_last_expression = print_last_expression
 
     def generate(
         self, prompts: list[list[int]], spec: SamplingSpec, counts: list[int]
@@ -253,8 +251,7 @@ class ToolLoop:
     def run_code(self, code: list[str]) -> list[tuple[str, str]]:
         """Run each piece of code concurrently; (status, `<interpreter>` text) for each, in
         order. A sandbox that fails gives error text, never an exception."""
-        if self.print_last_expression:
-            code = [print_last_expression(piece) for piece in code]
+        code = [print_last_expression(piece) for piece in code]
         results = self.sandbox.execute_all([ExecutionRequest(code=piece) for piece in code])
         answers = []
         for result in results:

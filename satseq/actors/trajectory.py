@@ -23,6 +23,9 @@ class SamplingSpec:
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()  # generation stops after any of these strings (e.g. "</code>")
     seed: int | None = None
+    # Fill Generation.logprob (the vote's tie-break). Training never reads it, and the HF engine
+    # would keep a [batch, vocab] logits tensor per generated token for it.
+    logprobs: bool = True
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,10 @@ class PaddedBatch:
     response_ids: torch.Tensor
     response_mask: torch.Tensor
     owner_ids: torch.Tensor
+
+    def to(self, device: str | torch.device) -> PaddedBatch:
+        """The same batch on `device` (tensors already there are not copied)."""
+        return PaddedBatch(*(tensor.to(device) for tensor in vars(self).values()))
 
 
 def pad_batch(trajectories: list[Trajectory], pad_token_id: int) -> PaddedBatch:

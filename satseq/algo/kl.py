@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from satseq.algo.logprobs import vocabulary_logprobs
 from satseq.algo.masks import masked_mean
 
 
@@ -20,8 +21,13 @@ def kl_exact(
 
     logits_theta, logits_cur [B, T, V] → [B, T]. Preferred where the [B, T, V] tensors fit.
     """
-    logp_theta = torch.log_softmax(logits_theta.float() / temperature, dim=-1)
-    logp_cur = torch.log_softmax(logits_cur.float() / temperature, dim=-1)
+    return kl_exact_from_logprobs(
+        vocabulary_logprobs(logits_theta, temperature), vocabulary_logprobs(logits_cur, temperature)
+    )
+
+
+def kl_exact_from_logprobs(logp_theta: torch.Tensor, logp_cur: torch.Tensor) -> torch.Tensor:
+    """`kl_exact` from vocabulary log-probs [B, T, V] already at the temperature → [B, T]."""
     return (logp_theta.exp() * (logp_theta - logp_cur)).sum(-1)
 
 

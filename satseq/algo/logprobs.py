@@ -5,6 +5,11 @@ from __future__ import annotations
 import torch
 
 
+def vocabulary_logprobs(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log π(· | y_<t) over the whole vocabulary at `temperature`, [B, T, V]."""
+    return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
 def token_logprobs(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0
 ) -> torch.Tensor:
@@ -14,5 +19,9 @@ def token_logprobs(
     The behaviour log-probs logp_cur must be taken at the sampling temperature (DESIGN §4),
     because that is the distribution the rollout engine sampled from.
     """
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return gather_token_logprobs(vocabulary_logprobs(logits, temperature), tokens)
+
+
+def gather_token_logprobs(logp_vocabulary: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The log-probs [B, T] of `tokens` [B, T] from vocabulary log-probs [B, T, V]."""
+    return logp_vocabulary.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

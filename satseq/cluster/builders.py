@@ -59,6 +59,29 @@ def sampling_spec(config: RunConfig, seed: int) -> SamplingSpec:
         top_p=rollout.top_p,
         max_new_tokens=rollout.max_new_tokens,
         seed=seed,
+        logprobs=False,  # training never reads Generation.logprob
+    )
+
+
+def engine_options(config: RunConfig) -> dict:
+    """The rollout engines' options: torch threads per CPU core of the actor, and for vLLM on
+    a GPU the share of its memory to take (`rollout.gpu_memory_utilization`)."""
+    rollout = config.rollout
+    options: dict = {"num_threads": max(1, int(rollout.resources.num_cpus))}
+    if rollout.engine == "vllm" and rollout.resources.num_gpus > 0:
+        options["gpu_memory_utilization"] = rollout.gpu_memory_utilization
+    return options
+
+
+def eval_sampling_spec(config: RunConfig) -> SamplingSpec:
+    """How `satseq eval` and validation sample (`eval:`; the seeds' T 0.6, top_p 0.95)."""
+    e = config.eval
+    return SamplingSpec(
+        temperature=e.temperature,
+        top_p=e.top_p,
+        top_k=e.top_k,
+        max_new_tokens=e.max_new_tokens or config.rollout.max_new_tokens,
+        seed=e.seed,
     )
 
 

@@ -17,7 +17,7 @@ import ray
 import torch
 
 from satseq.actors.learner import LearnerActor, UpdateResult
-from satseq.actors.rollout import RolloutActor
+from satseq.actors.rollout import RolloutActor, spread_requests
 from satseq.actors.trajectory import SamplingSpec, Trajectory
 from satseq.algo import maj_at_k
 from satseq.cluster import builders
@@ -27,13 +27,12 @@ from satseq.cluster.placement import place_team
 from satseq.cluster.recipes import make_recipe
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
-from satseq.data import MathProblem, build_prompt
+from satseq.data import MathProblem, prompt_ids
 from satseq.data.cursor import PromptCursor
 from satseq.evaluation.datasets import resolve_dataset
 from satseq.evaluation.outputs import write_predictions
-from satseq.evaluation.runner import eval_sampling_spec, fan_out
 from satseq.evaluation.team import evaluate_team
-from satseq.models import resolve_model_path
+from satseq.models import load_tokenizer, resolve_model_path
 
 
 class Coordinator:
@@ -48,9 +47,7 @@ class Coordinator:
         self.scorer = builders.reward_scorer(config)
         self.prompt_format = builders.prompt_format(config)
         self.model_paths = [str(resolve_model_path(agent.path)) for agent in config.team.agents]
-        from transformers import AutoTokenizer
-
-        self.tokenizers = [AutoTokenizer.from_pretrained(path) for path in self.model_paths]
+        self.tokenizers = [load_tokenizer(path) for path in self.model_paths]
         self.progress: dict[str, Any] = {"stage": 0, "phase": "starting", "agent": None}
 
         placement = place_team(config)
@@ -73,7 +70,7 @@ class Coordinator:
             RolloutActor.options(name=f"satseq-rollout-{j}", **placement.rollout_options(j)).remote(
                 dict(zip(self.agents, self.model_paths, strict=True)),
                 config.rollout.engine,
-                {"num_threads": max(1, int(config.rollout.resources.num_cpus))},
+                builders.engine_options(config),
                 config.trainer.seed + 1000 * j,  # actors never share an unseeded random stream
                 tools=tools,
                 sandbox=self.sandbox,
@@ -124,7 +121,7 @@ class Coordinator:
             self.prompt_format,
             self.scorer,
             self.config.eval.samples_per_agent,
-            eval_sampling_spec(self.config),
+            builders.eval_sampling_spec(self.config),
         )
         write_predictions(self.output_dir / "validation_data" / f"{self.stage}.jsonl", evaluation)
         return evaluation.metrics(prefix="val/")
@@ -139,13 +136,10 @@ class Coordinator:
 
     def generate(self, requests, spec: SamplingSpec) -> list[list]:
         """Spread (agent, prompt ids, n) requests over the rollout actors; results in order."""
-        return fan_out(self.rollouts)(requests, spec)
+        return spread_requests(self.rollouts)(requests, spec)
 
     def prompt_ids(self, agent: int, problem: MathProblem) -> list[int]:
-        tokenizer = self.tokenizers[agent]
-        return tokenizer.encode(
-            build_prompt(tokenizer, problem, self.prompt_format), add_special_tokens=False
-        )
+        return prompt_ids(self.tokenizers[agent], problem, self.prompt_format)
 
     def sample(
         self, problems: list[MathProblem], owners: list[list[int]], spec: SamplingSpec
@@ -208,16 +202,27 @@ class Coordinator:
             out[agent_rows, : logp.shape[1]] += logp * own
         return out
 
-    def start_update(self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c):
-        """Agent i's update on `rows` of the batch, started; `ray.get` it for its UpdateResult."""
+    def _start_update(self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c):
+        """Agent i's update on `rows` of the batch, started: a ref to its UpdateResult."""
         trajectories = [batch.trajectories[r] for r in rows]
         T = max((len(t.response_ids) for t in trajectories), default=1)
         return self.learners[i].update.remote(trajectories, logp_cur[rows, :T], A[rows], c[rows])
 
+    def update_agents(
+        self, batch: StageBatch, rows: list[list[int]], logp_cur, A, c
+    ) -> list[UpdateResult]:
+        """Every agent's update on its rows[i], in parallel; then the engines get the weights."""
+        results = ray.get(
+            [self._start_update(i, batch, rows[i], logp_cur, A, c) for i in range(len(self.agents))]
+        )
+        for i in range(len(self.agents)):
+            self.push_weights(i)
+        return results
+
     def update_agent(
         self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c
     ) -> UpdateResult:
-        return ray.get(self.start_update(i, batch, rows, logp_cur, A, c))
+        return ray.get(self._start_update(i, batch, rows, logp_cur, A, c))
 
     def push_weights(self, i: int) -> None:
         """Agent i's rollout engines get its new weights (DESIGN §3 step 6, last line)."""

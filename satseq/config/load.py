@@ -13,6 +13,7 @@ from satseq.config.schema import RunConfig
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = PACKAGE_ROOT / "configs"
 QUICKSTART = CONFIG_DIR / "quickstart.yaml"
+SERVE_CONFIG = CONFIG_DIR / "serve.yaml"  # the Ray Serve config of `satseq serve`
 
 
 class ConfigError(ValueError):

@@ -132,8 +132,9 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(256, ge=1)
-    max_prompt_tokens: int = Field(1024, ge=1)
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="vLLM on a GPU: the share of its memory to take"
+    )
     resources: EngineResources = Field(default_factory=EngineResources)
     tools: ToolConfig = Field(default_factory=ToolConfig)
 

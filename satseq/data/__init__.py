@@ -12,6 +12,7 @@ from satseq.data.prompts import (
     apply_chat_template,
     build_messages,
     build_prompt,
+    prompt_ids,
 )
 from satseq.data.records import DataError, LoadedProblems, MathProblem
 from satseq.data.split import split_problems, write_problems_parquet, write_subsets
@@ -37,6 +38,7 @@ __all__ = [
     "format_from_field_map",
     "load_problems",
     "make_split",
+    "prompt_ids",
     "split_problems",
     "write_problems_parquet",
     "write_subsets",

@@ -71,3 +71,12 @@ def build_prompt(
 ) -> str:
     """`build_messages` then `apply_chat_template`: the text a rollout engine is given."""
     return apply_chat_template(tokenizer, build_messages(problem, prompt_format))
+
+
+def prompt_ids(
+    tokenizer: Any, problem: MathProblem | str, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT
+) -> list[int]:
+    """The token ids an engine is given for `problem`: chat template, no extra special tokens."""
+    return tokenizer.encode(
+        build_prompt(tokenizer, problem, prompt_format), add_special_tokens=False
+    )

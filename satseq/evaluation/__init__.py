@@ -9,7 +9,7 @@ evaluation.summary()["team_vote_accuracy"], evaluation.metrics(prefix="val/")
 from satseq.evaluation.checkpoints import CheckpointError, TeamCheckpoint, resolve_team
 from satseq.evaluation.datasets import HUB_DATASETS, SYNTHETIC_PREFIX, resolve_dataset
 from satseq.evaluation.outputs import summary_table, write_outputs, write_predictions
-from satseq.evaluation.team import ProblemResult, TeamEvaluation, evaluate_team, prompt_ids
+from satseq.evaluation.team import ProblemResult, TeamEvaluation, evaluate_team
 from satseq.evaluation.vote import TeamVote, team_vote
 
 __all__ = [
@@ -21,7 +21,6 @@ __all__ = [
     "TeamEvaluation",
     "TeamVote",
     "evaluate_team",
-    "prompt_ids",
     "resolve_dataset",
     "resolve_team",
     "summary_table",

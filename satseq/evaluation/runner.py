@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import ray
 import yaml
-from transformers import AutoTokenizer
 
-from satseq.actors.rollout import RolloutActor
-from satseq.actors.trajectory import SamplingSpec
+from satseq.actors.rollout import RolloutActor, spread_requests
 from satseq.cluster import builders
 from satseq.cluster.connection import connect
 from satseq.config import QUICKSTART, RunConfig, dump_config, load_config
 from satseq.evaluation.checkpoints import TeamCheckpoint, resolve_team
 from satseq.evaluation.datasets import resolve_dataset
 from satseq.evaluation.outputs import write_outputs
-from satseq.evaluation.team import GenerateFn, TeamEvaluation, evaluate_team
+from satseq.evaluation.team import TeamEvaluation, evaluate_team
+from satseq.models import load_tokenizer
 
 TRAIN_CONFIG = "train_config.yaml"
 
@@ -28,17 +26,6 @@ def run_config_for(checkpoint_dir: str | Path, overrides: list[str]) -> RunConfi
     then `overrides`: so evaluation and serving prompt and score as training did."""
     trained = Path(checkpoint_dir) / TRAIN_CONFIG
     return load_config(trained if trained.is_file() else QUICKSTART, overrides)
-
-
-def eval_sampling_spec(config: RunConfig) -> SamplingSpec:
-    e = config.eval
-    return SamplingSpec(
-        temperature=e.temperature,
-        top_p=e.top_p,
-        top_k=e.top_k,
-        max_new_tokens=e.max_new_tokens or config.rollout.max_new_tokens,
-        seed=e.seed,
-    )
 
 
 def start_rollout_actors(team: TeamCheckpoint, config: RunConfig) -> list[ray.actor.ActorHandle]:
@@ -53,36 +40,13 @@ def start_rollout_actors(team: TeamCheckpoint, config: RunConfig) -> list[ray.ac
         ).remote(
             agent_paths,
             rollout.engine,
-            {"num_threads": max(1, int(rollout.resources.num_cpus))},
+            builders.engine_options(config),
             config.eval.seed + 1000 * j,
         )
         for j in range(rollout.num_actors)
     ]
     ray.get([actor.ready.remote() for actor in actors])
     return actors
-
-
-def fan_out(actors: list[ray.actor.ActorHandle]) -> GenerateFn:
-    """A `generate` that deals requests round-robin over `actors`; results in request order.
-
-    A seeded spec is offset per actor (seed + 7919·j), so actors never repeat each other's draws.
-    """
-
-    def generate(requests, spec):
-        n = len(actors)
-        shards = ray.get(
-            [
-                actor.generate.remote(requests[j::n], actor_spec(spec, j))
-                for j, actor in enumerate(actors)
-            ]
-        )
-        return [shards[r % n][r // n] for r in range(len(requests))]
-
-    return generate
-
-
-def actor_spec(spec: SamplingSpec, j: int) -> SamplingSpec:
-    return spec if spec.seed is None else replace(spec, seed=spec.seed + 7919 * j)
 
 
 def run_evaluation(
@@ -101,15 +65,15 @@ def run_evaluation(
     team = resolve_team(checkpoint_dir, stage)
     problems = resolve_dataset(dataset, config)
     k = samples_per_agent or config.eval.samples_per_agent
-    spec = eval_sampling_spec(config)
+    spec = builders.eval_sampling_spec(config)
     connect(address)
     actors = start_rollout_actors(team, config)
     try:
         evaluation = evaluate_team(
             problems,
             team.agent_names,
-            fan_out(actors),
-            [AutoTokenizer.from_pretrained(path) for path in team.agent_paths.values()],
+            spread_requests(actors),
+            [load_tokenizer(path) for path in team.agent_paths.values()],
             builders.prompt_format(config),
             builders.reward_scorer(config),
             k,

@@ -25,7 +25,7 @@ import numpy as np
 
 from satseq.actors.trajectory import Generation, SamplingSpec
 from satseq.algo.eval_metrics import avg_at_k, pass_at_k
-from satseq.data import MathProblem, PromptFormat, build_prompt
+from satseq.data import MathProblem, PromptFormat, prompt_ids
 from satseq.evaluation.vote import team_vote
 from satseq.rewards import RewardScorer
 
@@ -112,15 +112,6 @@ class TeamEvaluation:
         for key in ("pass@k", "avg@k", "maj@k"):
             flat[f"{prefix}{key}"] = summary[key]
         return flat
-
-
-def prompt_ids(
-    tokenizer: Any, problem: MathProblem | str, prompt_format: PromptFormat
-) -> list[int]:
-    """The token ids an engine is given for `problem`: chat template, no extra special tokens."""
-    return tokenizer.encode(
-        build_prompt(tokenizer, problem, prompt_format), add_special_tokens=False
-    )
 
 
 def evaluate_team(

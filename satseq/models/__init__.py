@@ -6,7 +6,7 @@ from satseq.models.cache import (
     default_cache_dir,
     resolve_builtin,
 )
-from satseq.models.loading import ModelLoadError, load_policy, resolve_model_path
+from satseq.models.loading import ModelLoadError, load_policy, load_tokenizer, resolve_model_path
 from satseq.models.tiny import (
     TINY_SIZES,
     TinyBuildConfig,
@@ -25,6 +25,7 @@ __all__ = [
     "build_tiny_model",
     "default_cache_dir",
     "load_policy",
+    "load_tokenizer",
     "resolve_builtin",
     "resolve_model_path",
     "tiny_build_config",

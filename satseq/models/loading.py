@@ -41,6 +41,17 @@ class ModelLoadError(RuntimeError):
     """A model could not be found or loaded; the message says which, why, and what to do."""
 
 
+def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a local dir, builtin or Hub name (as saved: no padding changes)."""
+    path = resolve_model_path(path_or_name)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"could not load the tokenizer of {str(path_or_name)!r} from {path}: {error}"
+        ) from error
+
+
 def load_policy(
     path_or_name: str | Path, dtype: DType = "auto", device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -53,9 +64,9 @@ def load_policy(
         raise ModelLoadError(
             f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(TORCH_DTYPES)}"
         )
+    tokenizer = load_tokenizer(path_or_name)
     path = resolve_model_path(path_or_name)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=TORCH_DTYPES.get(dtype, "auto"))
     except (OSError, ValueError) as error:
         raise ModelLoadError(

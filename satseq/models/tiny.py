@@ -14,6 +14,7 @@ Sizes:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -143,12 +144,17 @@ class TinyBuildConfig:
         The text is part of it so that a change to `satseq.data`'s problems or prompts makes a
         new model instead of reusing one trained on the old text.
         """
-        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode())
-        for text in tokenizer_corpus():
-            digest.update(text.encode())
-        for problem in warm_start_problems(self.variant):
-            digest.update((problem.problem + (problem.solution or "")).encode())
-        return digest.hexdigest()[:16]
+        return _fingerprint(self)
+
+
+@functools.cache  # hashing regenerates the whole corpus; every `builtin:` lookup asks
+def _fingerprint(config: TinyBuildConfig) -> str:
+    digest = hashlib.sha256(json.dumps(asdict(config), sort_keys=True).encode())
+    for text in tokenizer_corpus():
+        digest.update(text.encode())
+    for problem in warm_start_problems(config.variant):
+        digest.update((problem.problem + (problem.solution or "")).encode())
+    return digest.hexdigest()[:16]
 
 
 def tiny_build_config(

@@ -22,12 +22,12 @@ import os
 import statistics
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from satseq.config import RunConfig, load_config
-from satseq.data import DataError, MathProblem, build_prompt, load_problems
+from satseq.data import DataError, MathProblem, load_problems, prompt_ids
 from satseq.offline.layout import default_exp_name, results_path
 
 log = logging.getLogger(__name__)
@@ -86,17 +86,17 @@ def estimate_offline_values(
         raise DataError(f"chunk_size must be >= 1, got {chunk_size}")
     # Imported here, after the checks: Ray, torch and transformers take seconds to import.
     import ray
-    from transformers import AutoTokenizer
 
+    from satseq.actors.rollout import spread_requests
     from satseq.cluster import builders
     from satseq.cluster.connection import connect
-    from satseq.models import resolve_model_path
+    from satseq.models import load_tokenizer, resolve_model_path
 
     loaded = load_problems(
         data_file, config.data.split, config.data.field_map, config.data.skip_bad_rows
     )
     model_dir = str(resolve_model_path(model_path))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     prompt_format = builders.prompt_format(config)
     output_file = results_path(output_dir, exp_name or default_exp_name(data_file))
     output_file.parent.mkdir(parents=True, exist_ok=True)
@@ -117,11 +117,14 @@ def estimate_offline_values(
             for chunk_index, first in enumerate(range(0, len(loaded.problems), chunk_size)):
                 problems = loaded.problems[first : first + chunk_size]
                 spec = builders.sampling_spec(
-                    config, seed=(config.trainer.seed * 1_000_003 + chunk_index) * len(actors)
+                    config, seed=config.trainer.seed * 1_000_003 + chunk_index
                 )
-                prompts = [build_prompt(tokenizer, problem, prompt_format) for problem in problems]
+                requests = [
+                    (AGENT, prompt_ids(tokenizer, problem, prompt_format), n_samples)
+                    for problem in problems
+                ]
                 for problem, samples in zip(
-                    problems, _sample(actors, tokenizer, prompts, n_samples, spec), strict=True
+                    problems, spread_requests(actors)(requests, spec), strict=True
                 ):
                     responses = [
                         tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in samples
@@ -164,6 +167,7 @@ def _start_rollout_actors(config: RunConfig, model_dir: str, sandbox) -> list:
     import ray
 
     from satseq.actors.rollout import RolloutActor
+    from satseq.cluster import builders
 
     resources = config.rollout.resources
     num_gpus = resources.num_gpus
@@ -174,7 +178,7 @@ def _start_rollout_actors(config: RunConfig, model_dir: str, sandbox) -> list:
         RolloutActor.options(num_cpus=resources.num_cpus, num_gpus=num_gpus).remote(
             {AGENT: model_dir},
             config.rollout.engine,
-            {"num_threads": max(1, int(resources.num_cpus))},
+            builders.engine_options(config),
             config.trainer.seed + 1000 * j,  # as in training: actors never share a stream
             tools=config.rollout.tools if sandbox else None,
             sandbox=sandbox,
@@ -183,24 +187,6 @@ def _start_rollout_actors(config: RunConfig, model_dir: str, sandbox) -> list:
     ]
     ray.get([actor.ready.remote() for actor in actors])
     return actors
-
-
-def _sample(actors: list, tokenizer, prompts: list[str], n_samples: int, spec) -> list[list]:
-    """`n_samples` Generations for each prompt; prompt r goes to actor r mod n, and actor j
-    samples with seed spec.seed + j, so that no two actors share random draws."""
-    import ray
-
-    requests = [
-        (AGENT, tokenizer.encode(prompt, add_special_tokens=False), n_samples) for prompt in prompts
-    ]
-    n = len(actors)
-    shards = ray.get(
-        [
-            actor.generate.remote(requests[j::n], replace(spec, seed=spec.seed + j))
-            for j, actor in enumerate(actors)
-        ]
-    )
-    return [shards[r % n][r // n] for r in range(len(requests))]
 
 
 def _row(

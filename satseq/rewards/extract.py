@@ -105,7 +105,7 @@ FALLBACKS: dict[str, Callable[[str], str | None]] = {
 """Fallback extractors by the name that `reward.fallbacks` uses for them."""
 
 
-DEFAULT_FALLBACKS = ("answer_colon", "answer_is", "last_number")
+DEFAULT_FALLBACKS = tuple(FALLBACKS)
 """Every fallback, in the order the module docstring lists them."""
 
 

@@ -81,13 +81,18 @@ def _b64(data: bytes) -> str:
 
 
 def to_fusion_request(
-    request: ExecutionRequest, timeout_s: float, memory_mb: int, max_output_bytes: int
+    request: ExecutionRequest,
+    timeout_s: float,
+    memory_mb: int,
+    max_output_bytes: int,
+    compile_timeout_s: float = 10.0,
 ) -> RunCodeRequest:
     """The wire form of `request`; the other arguments fill in limits it left to the default."""
     return RunCodeRequest(
         code=request.code,
         language=request.language,
         stdin=request.stdin,
+        compile_timeout=compile_timeout_s,
         run_timeout=request.timeout_s or timeout_s,
         memory_limit_MB=request.memory_mb or memory_mb,
         files={name: _b64(data) for name, data in request.files.items()},
@@ -161,9 +166,8 @@ def _truncate(text: str, max_bytes: int) -> tuple[str, bool]:
 
 
 def _derived_status(response: RunCodeResponse) -> Status:
-    """Our status from SandboxFusion's own fields (a server without the extension)."""
-    if response.status == RunStatus.SANDBOX_ERROR:
-        return Status.SANDBOX_ERROR
+    """Our status from SandboxFusion's own fields (a server without the extension; its
+    SandboxError answers never get here, `from_fusion_response` returns them first)."""
     results = [r for r in (response.compile_result, response.run_result) if r is not None]
     if any(r.status == CommandRunStatus.ERROR for r in results):
         return Status.SANDBOX_ERROR

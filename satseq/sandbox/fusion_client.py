@@ -76,8 +76,9 @@ class FusionBackend:
 
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
         """Run `request` on the server; see the module docstring for retries and failures."""
-        payload = to_fusion_request(request, self.timeout_s, self.memory_mb, self.max_output_bytes)
-        payload.compile_timeout = self.compile_timeout_s
+        payload = to_fusion_request(
+            request, self.timeout_s, self.memory_mb, self.max_output_bytes, self.compile_timeout_s
+        )
         max_output_bytes = payload.max_output_bytes
         deadline_s = payload.run_timeout + payload.compile_timeout + RESPONSE_GRACE_S
         failure = ""

@@ -10,7 +10,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from satseq.sandbox.types import IsolationLevel
+
+class IsolationLevel(StrEnum):
+    """How strongly a backend contains code; each level includes the ones before it.
+
+    - `none`: a child process with wall-clock and output limits only.
+    - `rlimits`: plus resource limits (CPU, file size, open files, processes, core dumps), a
+      scrubbed environment, a subreaper and a kill sweep after every run.
+    - `namespaces`: plus bubblewrap: no network, a private read-only view of the system, private
+      size-limited /tmp and working directory, its own pid namespace.
+    - `full`: plus a seccomp filter, Landlock, a cgroup per slot (memory, pids, cpu) and a
+      dedicated uid per slot.
+    """
+
+    NONE = "none"
+    RLIMITS = "rlimits"
+    NAMESPACES = "namespaces"
+    FULL = "full"
+
+    @property
+    def rank(self) -> int:
+        return list(IsolationLevel).index(self)
 
 
 class Layer(StrEnum):

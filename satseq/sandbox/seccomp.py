@@ -59,7 +59,6 @@ DENIED_SYSCALLS = (
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
     "reboot", "swapon", "swapoff", "syslog", "acct", "quotactl",
 )  # fmt: skip
-INSPECTED_SYSCALLS = ("socket", "socketpair", "clone", "clone3")
 
 
 @dataclass(frozen=True)

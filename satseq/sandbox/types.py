@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from satseq.sandbox.isolation import IsolationLevel
 from satseq.sandbox.languages import SOURCE_FILES
 
 Language = Literal["python", "bash"]
@@ -31,28 +32,6 @@ class Status(StrEnum):
     MEMORY = "memory"  # the memory limit: OOM-killed, or an uncaught MemoryError
     OUTPUT_LIMIT = "output_limit"  # stdout or stderr passed max_output_bytes; the run was killed
     SANDBOX_ERROR = "sandbox_error"  # the sandbox itself failed; the code may not have run
-
-
-class IsolationLevel(StrEnum):
-    """How strongly a backend contains code; each level includes the ones before it.
-
-    - `none`: a child process with wall-clock and output limits only.
-    - `rlimits`: plus resource limits (CPU, file size, open files, processes, core dumps), a
-      scrubbed environment, a subreaper and a kill sweep after every run.
-    - `namespaces`: plus bubblewrap: no network, a private read-only view of the system, private
-      size-limited /tmp and working directory, its own pid namespace.
-    - `full`: plus a seccomp filter, Landlock, a cgroup per slot (memory, pids, cpu) and a
-      dedicated uid per slot.
-    """
-
-    NONE = "none"
-    RLIMITS = "rlimits"
-    NAMESPACES = "namespaces"
-    FULL = "full"
-
-    @property
-    def rank(self) -> int:
-        return list(IsolationLevel).index(self)
 
 
 def check_relative_path(name: str) -> str:

@@ -5,20 +5,5 @@
          -d '{"problem": "Compute 3 + 4."}'
 """
 
-from satseq.serving.app import (
-    ServeConfigError,
-    build_app,
-    read_serve_config,
-    run_server,
-    start_server,
-    team_app,
-)
-
-__all__ = [
-    "ServeConfigError",
-    "build_app",
-    "read_serve_config",
-    "run_server",
-    "start_server",
-    "team_app",
-]
+# No imports here: a Serve replica unpickling `satseq.serving.agent` runs this file first, and
+# the application module pulls in training code. Import from `satseq.serving.app`.

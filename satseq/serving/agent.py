@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
-from transformers import AutoTokenizer
 
 from satseq.actors.engines import EngineKind, make_engine
 from satseq.actors.trajectory import SamplingSpec
+from satseq.models import load_tokenizer
 from satseq.rewards import RewardScorer
 
 AgentRequest = tuple[list[int], int, SamplingSpec]
@@ -51,7 +51,7 @@ class AgentModel:
         seed: int = 0,
     ) -> None:
         self.engine = make_engine(engine, model_path, seed=seed, **(engine_options or {}))
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_tokenizer(model_path)
         self.scorer = scorer
 
     def answer(self, requests: Sequence[AgentRequest]) -> list[AgentAnswers]:

@@ -23,8 +23,8 @@ from ray.serve import Application
 
 from satseq.cluster import builders
 from satseq.cluster.connection import connect
-from satseq.config import CONFIG_DIR, RunConfig
-from satseq.config.load import format_validation_error
+from satseq.config import RunConfig
+from satseq.config.load import SERVE_CONFIG, format_validation_error
 from satseq.config.schema import ServeConfig
 from satseq.evaluation.checkpoints import resolve_team
 from satseq.evaluation.runner import run_config_for
@@ -33,7 +33,6 @@ from satseq.serving.ingress import TeamIngress
 
 log = logging.getLogger(__name__)
 
-SERVE_CONFIG = CONFIG_DIR / "serve.yaml"
 INGRESS = "TeamIngress"
 AGENT_PREFIX = "agent_"
 

@@ -16,13 +16,13 @@ import time
 from fastapi import FastAPI, HTTPException
 from ray import serve
 from ray.serve.handle import DeploymentHandle
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig
 
 from satseq.actors.trajectory import SamplingSpec
 from satseq.config.schema import ServeConfig
-from satseq.data import PromptFormat
-from satseq.evaluation.team import prompt_ids
+from satseq.data import PromptFormat, prompt_ids
 from satseq.evaluation.vote import team_vote
+from satseq.models import load_tokenizer
 from satseq.rewards import RewardScorer
 from satseq.serving.agent import AgentAnswers
 from satseq.serving.api import Health, PredictResponse, make_api
@@ -43,9 +43,7 @@ class TeamIngress:
         settings: ServeConfig,
     ) -> None:
         self.agents = agents
-        self.tokenizers = {
-            name: AutoTokenizer.from_pretrained(p) for name, p in agent_paths.items()
-        }
+        self.tokenizers = {name: load_tokenizer(p) for name, p in agent_paths.items()}
         self.context_tokens = {
             name: AutoConfig.from_pretrained(p).max_position_embeddings
             for name, p in agent_paths.items()

@@ -13,8 +13,7 @@ from typing import Any
 
 import yaml
 
-from satseq.config.load import PACKAGE_ROOT
-from satseq.serving.app import SERVE_CONFIG
+from satseq.config.load import PACKAGE_ROOT, SERVE_CONFIG
 
 RAYSERVICE = PACKAGE_ROOT / "deploy" / "rayservice.yaml"
 IMAGE = "satseq:cpu"  # deploy/Dockerfile with ACCEL=cpu; use satseq:cuda with engine vllm

@@ -8,7 +8,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from satseq.actors.engines import make_engine
-from satseq.actors.engines.base import check_generate_request, check_logprob_request
+from satseq.actors.engines.base import (
+    GREEDY_BELOW_TEMPERATURE,
+    check_generate_request,
+    check_logprob_request,
+)
 from satseq.actors.forward import response_logprobs
 from satseq.actors.trajectory import Generation, SamplingSpec, Trajectory, pad_batch
 from satseq.models import load_policy
@@ -142,6 +146,17 @@ def test_n_samples_per_prompt_end_at_eos_or_max_new_tokens(kind, engines, tokeni
 
     greedy = engines(kind).generate(prompts[:1], SamplingSpec(temperature=0.0), n=2)[0]
     assert greedy[0] == greedy[1]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_temperature_below_the_greedy_threshold_decodes_greedily(kind, engines, tokenizer):
+    """A tiny positive temperature (schemathesis sent 4.8e-258) would divide logits into inf."""
+    prompt = [encode(tokenizer, "Compute 12 + 7.")]
+    tiny = SamplingSpec(temperature=GREEDY_BELOW_TEMPERATURE / 1e250, max_new_tokens=8)
+    greedy = SamplingSpec(temperature=0.0, max_new_tokens=8)
+    samples = engines(kind).generate(prompt, tiny, n=2)[0]
+    assert samples[0].token_ids == samples[1].token_ids
+    assert samples[0].token_ids == engines(kind).generate(prompt, greedy)[0][0].token_ids
 
 
 def stop_string_across_two_tokens(tokenizer, token_ids):

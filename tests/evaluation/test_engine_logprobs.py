@@ -5,8 +5,7 @@ import pytest
 
 from satseq.actors.engines import make_engine
 from satseq.actors.trajectory import SamplingSpec
-from satseq.data import DEFAULT_PROMPT_FORMAT
-from satseq.evaluation import prompt_ids
+from satseq.data import DEFAULT_PROMPT_FORMAT, prompt_ids
 from satseq.models import load_policy, resolve_model_path
 
 

@@ -20,9 +20,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from satseq.cluster import builders
 from satseq.config import load_config
 from satseq.models import resolve_model_path
-from satseq.serving import start_server
 from satseq.serving.agent import AgentDeployment
-from satseq.serving.app import serve_settings
+from satseq.serving.app import serve_settings, start_server
 from satseq.serving.ingress import TeamIngress
 
 API_KEY_ENV = "SATSEQ_TEST_API_KEY"

@@ -15,6 +15,10 @@ import torch
 
 from satseq.actors.trajectory import Generation, SamplingSpec
 
+GREEDY_BELOW_TEMPERATURE = 1e-5
+"""A temperature below this decodes greedily in every engine (vLLM's _SAMPLING_EPS): a tiny
+positive temperature would otherwise divide the logits into inf."""
+
 EngineKind = Literal["hf", "vllm"]
 ENGINE_KINDS: tuple[EngineKind, ...] = ("hf", "vllm")
 

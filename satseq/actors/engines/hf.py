@@ -8,13 +8,13 @@ exactly.
 from __future__ import annotations
 
 import random
-from dataclasses import fields
 from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from satseq.actors.engines.base import (
+    GREEDY_BELOW_TEMPERATURE,
     check_generate_request,
     check_logprob_request,
     set_cpu_threads,
@@ -22,11 +22,11 @@ from satseq.actors.engines.base import (
 from satseq.actors.forward import response_logprobs
 from satseq.actors.trajectory import (
     Generation,
-    PaddedBatch,
     SamplingSpec,
     Trajectory,
     pad_batch,
 )
+from satseq.algo.logprobs import token_logprobs
 from satseq.models import load_policy
 
 
@@ -96,14 +96,19 @@ class HFEngine:
             )
         new_tokens = output.sequences[:, width:]
         # [batch, new tokens]: log π(token) at temperature 1, as vLLM's raw log-probs
-        token_logprobs = torch.stack(output.logits, dim=1).float().log_softmax(dim=-1)
-        token_logprobs = token_logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1).cpu()
+        sampled_logprobs = (
+            token_logprobs(torch.stack(output.logits, dim=1).float(), new_tokens).cpu()
+            if spec.logprobs
+            else None
+        )
         generations = []
         for row, (tokens, end) in enumerate(
             zip(new_tokens.tolist(), stops.stopped_at, strict=True)
         ):
             kept = len(tokens) if end is None else end
-            logprob = float(token_logprobs[row, :kept].sum())
+            logprob = (
+                None if sampled_logprobs is None else float(sampled_logprobs[row, :kept].sum())
+            )
             reason = "length" if end is None else "stop"
             generations.append(Generation(tokens[:kept], reason, logprob=logprob))
         return generations
@@ -114,9 +119,9 @@ class HFEngine:
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
-            output_logits=True,  # raw logits, before temperature and top_p: for `logprob`
+            output_logits=spec.logprobs,  # raw logits, before temperature and top_p: `logprob`
         )
-        if spec.temperature == 0:
+        if spec.temperature < GREEDY_BELOW_TEMPERATURE:
             return GenerationConfig(do_sample=False, **common)
         # top_k=0 turns off transformers' default top-k of 50.
         return GenerationConfig(
@@ -147,7 +152,7 @@ class HFEngine:
         ]
         batch = pad_batch(trajectories, self.pad_token_id)
         with torch.inference_mode():
-            logprobs = response_logprobs(self.model, _to_device(batch, self.device), temperature)
+            logprobs = response_logprobs(self.model, batch.to(self.device), temperature)
         return [logprobs[i, : len(t.response_ids)].tolist() for i, t in enumerate(trajectories)]
 
     def close(self) -> None:
@@ -213,7 +218,3 @@ def _eos_token_ids(generation_config: GenerationConfig, tokenizer) -> list[int]:
     if not ids:
         raise ValueError("the model has no eos token in its generation_config or tokenizer")
     return ids
-
-
-def _to_device(batch: PaddedBatch, device: torch.device) -> PaddedBatch:
-    return PaddedBatch(**{f.name: getattr(batch, f.name).to(device) for f in fields(batch)})

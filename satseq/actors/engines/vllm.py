@@ -27,6 +27,7 @@ from vllm.platforms import current_platform
 from vllm.v1.engine.core_client import InprocClient
 
 from satseq.actors.engines.base import (
+    GREEDY_BELOW_TEMPERATURE,
     check_generate_request,
     check_logprob_request,
     set_cpu_threads,
@@ -97,18 +98,20 @@ class VLLMEngine:
         self, prompts: list[list[int]], spec: SamplingSpec, n: int = 1
     ) -> list[list[Generation]]:
         check_generate_request(prompts, n)
+        greedy = spec.temperature < GREEDY_BELOW_TEMPERATURE
         # Greedy samples are all the same and vLLM refuses n > 1 with greedy: draw one, copy it.
-        copies = n if spec.temperature == 0 else 1
+        copies = n if greedy else 1
         params = [
             vllm.SamplingParams(
                 n=n // copies,
-                temperature=spec.temperature,
+                temperature=0.0 if greedy else spec.temperature,
                 top_p=spec.top_p,
                 top_k=spec.top_k,  # 0: off, as in SamplingSpec
                 max_tokens=spec.max_new_tokens,
                 stop=list(spec.stop),
                 seed=None if spec.seed is None else spec.seed + i,
-                logprobs=0,  # the sampled token's raw log-prob only: for `Generation.logprob`
+                # the sampled token's raw log-prob only: for `Generation.logprob`
+                logprobs=0 if spec.logprobs else None,
             )
             for i in range(len(prompts))
         ]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-import ray
 import torch
 
 from satseq.algo import group_advantages
@@ -60,11 +59,7 @@ class GrpoRecipe:
         # 4. every agent's PPO-clip update, in parallel, then the engines get the new weights
         rt.set_progress("update")
         rows = [batch.rows_of(i) for i in range(n_agents)]
-        results = ray.get(
-            [rt.start_update(i, batch, rows[i], logp_cur, A, c) for i in range(n_agents)]
-        )
-        for i in range(n_agents):
-            rt.push_weights(i)
+        results = rt.update_agents(batch, rows, logp_cur, A, c)
         lap(timings, "time/update", clock)
 
         per_agent = {

@@ -41,13 +41,19 @@ class SatSeqRecipe:
         self.scheduler = AgentScheduler(
             runtime.agents, mode=config.sat_seq.scheduler, seed=config.trainer.seed
         )
-        self.role_prompts = [
-            agent.role_prompt or DEFAULT_ROLE_PROMPT for agent in config.team.agents
-        ]
-        if config.team.topology == "chain" and any(
-            t.get_vocab() != runtime.tokenizers[0].get_vocab() for t in runtime.tokenizers
-        ):
+        tokenizer = runtime.tokenizers[0]
+        chain = config.team.topology == "chain"
+        if chain and any(t.get_vocab() != tokenizer.get_vocab() for t in runtime.tokenizers):
             raise ValueError("team.topology 'chain' needs agents that share one tokenizer")
+        # chain: the tokens that hand the sequence to agent k, its role as a user turn
+        self.handoffs = [
+            tokenizer.encode(
+                "\n" + apply_chat_template(tokenizer, [{"role": "user", "content": role}]),
+                add_special_tokens=False,
+            )
+            for role in (agent.role_prompt or DEFAULT_ROLE_PROMPT for agent in config.team.agents)
+            if chain
+        ]
         self.last_gains: dict[str, float] | None = None
         self.baseline_reward = (R_MIN + R_MAX) / 2  # b of the bandit bound, fixed before sampling
 
@@ -178,18 +184,11 @@ class SatSeqRecipe:
         """Agents answer in team order on one sequence; the last turn's text is scored."""
         rt = self.runtime
         tokenizer = rt.tokenizers[0]  # chain agents share a tokenizer (checked at start-up)
-        handoffs = [
-            tokenizer.encode(
-                "\n" + apply_chat_template(tokenizer, [{"role": "user", "content": role}]),
-                add_special_tokens=False,
-            )
-            for role in self.role_prompts
-        ]
         trajectories = chain_rollouts(
             rt.generate,
             [rt.prompt_ids(0, problem) for problem in problems],
             rt.agents,
-            handoffs,
+            self.handoffs,
             rt.config.sat_seq.group_size,
             spec,
         )

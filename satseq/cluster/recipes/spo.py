@@ -105,14 +105,7 @@ class SpoRecipe:
 
         # 4. every agent's PPO-clip step, in parallel; then the engines get the new weights
         rt.set_progress("update")
-        results = ray.get(
-            [
-                rt.start_update(a, batch, list(rows), logp_cur, A, c)
-                for a, rows in enumerate(agent_rows)
-            ]
-        )
-        for a in range(n_agents):
-            rt.push_weights(a)
+        results = rt.update_agents(batch, [list(rows) for rows in agent_rows], logp_cur, A, c)
         clock = lap(timings, "time/update", clock)
 
         # 5. the trackers, after the step: ρ from how far the policy moved, then r folds in
