@@ -2,7 +2,7 @@
 # GRPO or SPO training with the seeds' environment variables (recipe/spo/train.sh), as a thin
 # wrapper over `satseq train configs/grpo.yaml|configs/spo.yaml --set ...` (DESIGN §10).
 #
-#   METHOD=SPO OUTPUT_DIR=outputs TRAIN_DATA_DIR=splits/train.parquet MODEL_PATH=Qwen/Qwen3-8B \
+#   METHOD=SPO OUTPUT_DIR=outputs TRAIN_DATA_DIR=splits MODEL_PATH=Qwen/Qwen3-8B \
 #     EXP_NAME=spo_training OFFLINE_VALUES=splits/offline_values.json scripts/train.sh
 #   METHOD=SPO DEBUG=1 scripts/train.sh        # a tiny run on the CPU in a minute or two
 #
@@ -10,7 +10,8 @@
 #   METHOD           GRPO (the default, as in the seeds) -> configs/grpo.yaml; SPO -> configs/spo.yaml
 #   OUTPUT_DIR       output.dir (the run writes OUTPUT_DIR/EXP_NAME)
 #   EXP_NAME         output.exp_name
-#   TRAIN_DATA_DIR   data.train: the training problems (what `satseq offline-values split` split)
+#   TRAIN_DATA_DIR   data.train: the directory of subset_<i>.parquet that `satseq offline-values
+#                    split` wrote (all of them are read), or one .jsonl/.parquet file
 #   MODEL_PATH       team.agents.0.path: HF directory, Hub name, or builtin:tiny
 #   OFFLINE_VALUES   spo.offline_values: the JSON of `satseq offline-values merge` (SPO only)
 #   N_TRAIN          grpo.group_size: responses per prompt (GRPO only; SPO samples one)

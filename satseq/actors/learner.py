@@ -1,12 +1,13 @@
 """LearnerActor: one per agent. Holds the agent's model, AdamW and β_i, and runs its
-trust-region update (DESIGN §3 step 6). All math comes from `satseq.algo`.
+trust-region update (DESIGN §3 step 6); in `gae` mode also the agent's value head. All math
+comes from `satseq.algo`.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -14,8 +15,9 @@ from typing import Any, Literal
 import ray
 import torch
 
-from satseq.actors.forward import response_logits, response_logprobs
+from satseq.actors.forward import response_hidden_states, response_logits, response_logprobs
 from satseq.actors.trajectory import PaddedBatch, Trajectory, pad_batch
+from satseq.actors.value_head import ValueHead
 from satseq.algo.kl import kl_exact_from_logprobs, kl_k3, kl_quantile, sequence_kl
 from satseq.algo.logprobs import gather_token_logprobs, vocabulary_logprobs
 from satseq.algo.losses import Aggregation, RatioMode, kl_penalty, policy_loss
@@ -65,6 +67,8 @@ class LearnerSpec:
     max_backtracks: int = 3
     on_exhausted: Literal["reject", "keep"] = "reject"
     trust_region: bool = True  # False: plain PPO steps, no KL penalty, no backtracking (SPO, GRPO)
+    value_lr: float | None = None  # `gae` mode: a value head fitted at this lr; None: no head
+    value_steps: int = 1  # value-head steps per stage
     seed: int = 0
     num_threads: int = 1
 
@@ -121,6 +125,11 @@ class Learner:
             on_exhausted=spec.on_exhausted,
         )
         self.pad_token_id = self.tokenizer.pad_token_id
+        self.value_head = (
+            ValueHead(self.model.config.hidden_size, spec.value_lr, spec.device)
+            if spec.value_lr is not None
+            else None
+        )
 
     # --- forward passes ------------------------------------------------------------------------
 
@@ -132,14 +141,45 @@ class Learner:
             yield rows, batch.to(self.spec.device)
 
     @torch.no_grad()
-    def logprobs(self, trajectories: list[Trajectory]) -> torch.Tensor:
-        """Teacher-forced log-probs at the sampling temperature, [N, T] (T = longest response)."""
+    def _per_token(
+        self, trajectories: list[Trajectory], compute: Callable[[PaddedBatch], torch.Tensor]
+    ) -> torch.Tensor:
+        """compute(micro-batch) [n, T_mb] gathered into [N, T] (T = longest response), on CPU."""
         T = max(len(t.response_ids) for t in trajectories)
         out = torch.zeros(len(trajectories), max(T, 1))
         for rows, batch in self._micro_batches(trajectories):
-            logp = response_logprobs(self.model, batch, self.spec.temperature)
-            out[rows, : logp.shape[1]] = logp.float().cpu()
+            values = compute(batch)
+            out[rows, : values.shape[1]] = values.float().cpu()
         return out
+
+    def logprobs(self, trajectories: list[Trajectory]) -> torch.Tensor:
+        """Teacher-forced log-probs at the sampling temperature, [N, T]."""
+        return self._per_token(
+            trajectories, lambda batch: response_logprobs(self.model, batch, self.spec.temperature)
+        )
+
+    def values(self, trajectories: list[Trajectory]) -> torch.Tensor:
+        """`gae` mode: V(s_t) before every response token, [N, T]."""
+        return self._per_token(
+            trajectories, lambda batch: self.value_head(response_hidden_states(self.model, batch))
+        )
+
+    def fit_values(self, trajectories: list[Trajectory], returns: torch.Tensor) -> float:
+        """`gae` mode: `value_steps` steps of the value head towards the GAE returns [N, T] on
+        the agent's tokens, with the current (updated) weights' hidden states. Returns the
+        loss before the last step."""
+        hidden, targets, masks = [], [], []
+        with torch.no_grad():
+            for rows, batch in self._micro_batches(trajectories):
+                hidden.append(response_hidden_states(self.model, batch))
+                masks.append(
+                    owner_mask(batch.owner_ids, [self.spec.agent_index], batch.response_mask)
+                )
+                targets.append(returns[rows, : masks[-1].shape[1]].to(masks[-1].device))
+        loss = float("nan")
+        for _ in range(self.spec.value_steps):
+            loss = self.value_head.fit(hidden, targets, masks)
+        return loss
 
     # --- the update ----------------------------------------------------------------------------
 
@@ -299,11 +339,12 @@ class Learner:
         return directory
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything resume needs: weights, optimiser, β_i and torch's RNG."""
+        """Everything resume needs: weights, optimiser, β_i, the value head and torch's RNG."""
         return {
             "model": self.weights(),
             "optimizer": self.optimizer.state_dict(),
             "trust_region": self.region.state_dict(),
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
             "rng": torch.get_rng_state(),
         }
 
@@ -311,6 +352,8 @@ class Learner:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.region.load_state_dict(state["trust_region"])
+        if self.value_head is not None:
+            self.value_head.load_state_dict(state["value_head"])
         torch.set_rng_state(state["rng"])
 
     def ready(self) -> bool:

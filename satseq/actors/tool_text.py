@@ -15,9 +15,8 @@ import re
 import textwrap
 
 from satseq.sandbox.types import ExecutionResult, Status
+from satseq.tool_tags import CODE_CLOSE, CODE_OPEN, INTERPRETER_CLOSE, INTERPRETER_OPEN
 
-CODE_OPEN, CODE_CLOSE = "<code>", "</code>"
-INTERPRETER_OPEN, INTERPRETER_CLOSE = "<interpreter>", "</interpreter>"
 MIN_TRUNCATED_LENGTH = 5  # "..." plus a character of head and tail
 
 CODE_BLOCK = re.compile(re.escape(CODE_OPEN) + r"(.*?)" + re.escape(CODE_CLOSE), re.DOTALL)

@@ -10,6 +10,7 @@ from satseq.algo.advantages import (
     gae_group_advantages,
     group_advantages,
     spo_advantages,
+    terminal_rewards,
 )
 from satseq.algo.certificate import (
     BanditCertificate,
@@ -96,6 +97,7 @@ __all__ = [
     "snapshot_training_state",
     "spo_advantages",
     "surrogate_gain",
+    "terminal_rewards",
     "theorem_terms",
     "token_logprobs",
     "truncated_is_weights",

@@ -86,10 +86,23 @@ def gae(
     return advantages, returns
 
 
+def terminal_rewards(R: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The sparse per-token rewards of `gae` mode, [B, T]: each trajectory's reward R [B] on
+    the last token with mask 1 (the agent's own last token), zero elsewhere and on rows with
+    no such token."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask > 0, positions, -1).max(dim=-1).values  # -1: the row has none
+    rewards = torch.zeros(mask.shape, dtype=R.dtype, device=R.device)
+    rows = torch.nonzero(last >= 0).squeeze(-1)
+    rewards[rows, last[rows]] = R[rows]
+    return rewards
+
+
 def gae_group_advantages(
     token_advantages: torch.Tensor,
     mask: torch.Tensor,
     group_size: int,
+    weights: torch.Tensor | None = None,
     A_clip: float | None = None,
     eps: float = 1e-8,
 ) -> GroupAdvantages:
@@ -97,9 +110,16 @@ def gae_group_advantages(
     group-normalised and clipped like GRPO.
 
     token_advantages, mask: [num_groups * G, T], rows grouped contiguously by prompt.
+    weights [num_groups * G]: the truncated IS weights c, as in `group_advantages`; a weight
+    of 0 leaves a trajectory out of its group's baseline and std (one another agent wrote).
     """
     per_trajectory = masked_mean(token_advantages, mask, dim=-1)
-    return group_advantages(per_trajectory.view(-1, group_size), A_clip=A_clip, eps=eps)
+    return group_advantages(
+        per_trajectory.view(-1, group_size),
+        weights=None if weights is None else weights.view(-1, group_size),
+        A_clip=A_clip,
+        eps=eps,
+    )
 
 
 def spo_advantages(r: torch.Tensor, p_hat: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:

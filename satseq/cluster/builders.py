@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from functools import partial
 
 from satseq.actors.learner import LearnerSpec, LossSpec
@@ -16,6 +18,8 @@ from satseq.data import (
     make_split,
 )
 from satseq.rewards import RewardScorer
+
+log = logging.getLogger(__name__)
 
 
 def training_problems(config: RunConfig) -> list[MathProblem]:
@@ -117,6 +121,11 @@ def loss_spec(config: RunConfig) -> LossSpec:
     )
 
 
+def gae_mode(config: RunConfig) -> bool:
+    """SAT-Seq with `sat_seq.advantage: gae`: each learner holds a value head."""
+    return config.algorithm.name == "sat_seq" and config.sat_seq.advantage == "gae"
+
+
 def learner_spec(config: RunConfig, agent_index: int, device: str, num_threads: int) -> LearnerSpec:
     trainer, kl = config.trainer, config.algorithm.kl_ctrl
     dtype = (
@@ -145,9 +154,55 @@ def learner_spec(config: RunConfig, agent_index: int, device: str, num_threads: 
         max_backtracks=config.sat_seq.max_backtracks,
         on_exhausted=config.sat_seq.on_exhausted,
         trust_region=config.algorithm.name == "sat_seq",
+        value_lr=config.sat_seq.value_lr if gae_mode(config) else None,
+        value_steps=config.sat_seq.value_steps,
         seed=trainer.seed + agent_index,
         num_threads=num_threads,
     )
+
+
+def rollout_actor_options(config: RunConfig, name: str | None = None) -> dict:
+    """Ray options of a rollout actor outside the training placement group: rollout.resources,
+    on the CPU where the cluster has no GPU."""
+    import ray
+
+    resources = config.rollout.resources
+    num_gpus = resources.num_gpus
+    if num_gpus > 0 and ray.cluster_resources().get("GPU", 0) == 0:
+        log.warning("rollout.resources asks for %s GPU but the cluster has none: CPU", num_gpus)
+        num_gpus = 0.0
+    return {"num_cpus": resources.num_cpus, "num_gpus": num_gpus} | ({"name": name} if name else {})
+
+
+def start_rollout_actors(
+    config: RunConfig,
+    agent_paths: dict[str, str],
+    seed: int,
+    options: Callable[[int], dict],
+    sandbox=None,
+) -> list:
+    """`rollout.num_actors` rollout actors, each with an engine per agent, started and ready.
+
+    Actor j gets the Ray options `options(j)` and the seed `seed + 1000 j` (actors never share
+    a random stream); with a sandbox pool it runs the tool loop of `rollout.tools`.
+    """
+    import ray
+
+    from satseq.actors.rollout import RolloutActor
+
+    actors = [
+        RolloutActor.options(**options(j)).remote(
+            agent_paths,
+            config.rollout.engine,
+            engine_options(config),
+            seed + 1000 * j,
+            tools=config.rollout.tools if sandbox is not None else None,
+            sandbox=sandbox,
+        )
+        for j in range(config.rollout.num_actors)
+    ]
+    ray.get([actor.ready.remote() for actor in actors])
+    return actors
 
 
 def start_sandbox_pool(config: RunConfig, name: str | None = None):

@@ -1,42 +1,21 @@
 """Resume state, written atomically (DESIGN §8): a crash mid-write never corrupts a checkpoint.
 
 Layout: `checkpoints/stage_<k>.pt`, each a complete torch.save of the run's state after stage k,
-written to a temporary file in the same directory, fsynced, then renamed over the final name
-(rename is atomic on POSIX), and the directory fsynced so the rename itself survives a crash.
+written with `satseq.files.write_atomically` (temp file, fsync, rename, fsync of the directory).
 Older checkpoints beyond `keep` are removed only after the new one is in place.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from satseq.files import write_atomically
+
 CHECKPOINT_PATTERN = re.compile(r"^stage_(\d+)\.pt$")
-
-
-def write_atomically(path: Path, save: Any) -> None:
-    """Call save(file_object) into a temp file next to `path`, then atomically rename it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            save(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 def save_checkpoint(directory: Path, stage: int, state: dict[str, Any], keep: int = 2) -> Path:

@@ -17,7 +17,7 @@ import ray
 import torch
 
 from satseq.actors.learner import LearnerActor, UpdateResult
-from satseq.actors.rollout import RolloutActor, spread_requests
+from satseq.actors.rollout import spread_requests
 from satseq.actors.trajectory import SamplingSpec, Trajectory
 from satseq.algo import maj_at_k
 from satseq.cluster import builders
@@ -51,8 +51,11 @@ class Coordinator:
         self.progress: dict[str, Any] = {"stage": 0, "phase": "starting", "agent": None}
 
         placement = place_team(config)
-        tools = config.rollout.tools if config.rollout.tools.enabled else None
-        self.sandbox = builders.start_sandbox_pool(config, "satseq-sandbox-pool") if tools else None
+        self.sandbox = (
+            builders.start_sandbox_pool(config, "satseq-sandbox-pool")
+            if config.rollout.tools.enabled
+            else None
+        )
         self.learners = [
             LearnerActor.options(
                 name=f"satseq-learner-{name}", **placement.learner_options(i)
@@ -66,18 +69,14 @@ class Coordinator:
             )
             for i, name in enumerate(self.agents)
         ]
-        self.rollouts = [
-            RolloutActor.options(name=f"satseq-rollout-{j}", **placement.rollout_options(j)).remote(
-                dict(zip(self.agents, self.model_paths, strict=True)),
-                config.rollout.engine,
-                builders.engine_options(config),
-                config.trainer.seed + 1000 * j,  # actors never share an unseeded random stream
-                tools=tools,
-                sandbox=self.sandbox,
-            )
-            for j in range(config.rollout.num_actors)
-        ]
-        ray.get([actor.ready.remote() for actor in self.learners + self.rollouts])
+        self.rollouts = builders.start_rollout_actors(
+            config,
+            dict(zip(self.agents, self.model_paths, strict=True)),
+            config.trainer.seed,
+            lambda j: {"name": f"satseq-rollout-{j}"} | placement.rollout_options(j),
+            sandbox=self.sandbox,
+        )
+        ray.get([actor.ready.remote() for actor in self.learners])
 
         self.val_problems = [
             problem
@@ -223,6 +222,15 @@ class Coordinator:
         self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c
     ) -> UpdateResult:
         return ray.get(self._start_update(i, batch, rows, logp_cur, A, c))
+
+    def values(self, i: int, batch: StageBatch, rows: list[int]) -> torch.Tensor:
+        """`gae` mode: V(s_t) of agent i's value head on `rows`, [len(rows), T_i]."""
+        return ray.get(self.learners[i].values.remote([batch.trajectories[r] for r in rows]))
+
+    def fit_values(self, i: int, batch: StageBatch, rows: list[int], returns) -> float:
+        """`gae` mode: agent i's value head fitted to the GAE returns of `rows`."""
+        trajectories = [batch.trajectories[r] for r in rows]
+        return ray.get(self.learners[i].fit_values.remote(trajectories, returns))
 
     def push_weights(self, i: int) -> None:
         """Agent i's rollout engines get its new weights (DESIGN §3 step 6, last line)."""

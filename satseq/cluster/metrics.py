@@ -14,6 +14,7 @@ from ray.util.metrics import Gauge
 from torch.utils.tensorboard import SummaryWriter
 
 from satseq.cluster.metric_keys import PHASE_PREFIX, agent_names, is_scalar
+from satseq.files import write_text_atomically
 
 # Per-stage key families whose last segment becomes a tag: `time/rollout` is
 # satseq_phase_seconds{phase="rollout"}, so one dashboard query shows every phase.
@@ -148,4 +149,4 @@ def truncate_after_stage(path: Path, stage: int | None) -> None:
             continue
         if record["stage"] <= stage:
             kept.append(line)
-    path.write_text("".join(line + "\n" for line in kept))
+    write_text_atomically(path, "".join(line + "\n" for line in kept))  # a crash keeps the old

@@ -11,6 +11,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from satseq.sandbox.types import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
+    MAX_MEMORY_MB,
+    MAX_OUTPUT_BYTES,
+    MAX_TIMEOUT_S,
+    MIN_MEMORY_MB,
+)
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -80,7 +90,11 @@ class SatSeqConfig(Section):
     max_backtracks: int = Field(3, ge=0)
     on_exhausted: Literal["reject", "keep"] = "reject"
     ratio: Literal["seq", "token", "seq_mean"] = "seq"
-    advantage: Literal["grpo", "gae"] = "grpo"
+    advantage: Literal["grpo", "gae"] = Field(
+        "grpo", description="grpo: group-normalised rewards; gae: a per-agent value head + GAE"
+    )
+    value_lr: float = Field(5e-3, gt=0.0, description="gae: the value head's AdamW lr")
+    value_steps: int = Field(8, ge=1, description="gae: value-head steps per agent per stage")
     max_log_ratio: float = Field(5.0, gt=0.0, description="clamp of the IS log-ratio")
     scheduler: Literal["static", "random", "greedy_gain"] = "static"
     agents: list[AgentConfig] | None = Field(None, description="seeds' spelling of team.agents")
@@ -146,9 +160,9 @@ class SandboxConfig(Section):
     queue_size: int = Field(
         256, ge=1, description="SandboxPool: waiting requests before callers block"
     )
-    timeout_s: float = Field(5.0, gt=0.0, le=600.0)
-    memory_mb: int = Field(512, ge=32, le=65536)
-    max_output_bytes: int = Field(65536, ge=1, le=64 * 1024 * 1024)
+    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0.0, le=MAX_TIMEOUT_S)
+    memory_mb: int = Field(DEFAULT_MEMORY_MB, ge=MIN_MEMORY_MB, le=MAX_MEMORY_MB)
+    max_output_bytes: int = Field(DEFAULT_MAX_OUTPUT_BYTES, ge=1, le=MAX_OUTPUT_BYTES)
     max_processes: int = Field(64, ge=8, description="tasks (processes + threads) per run")
     max_open_files: int = Field(256, ge=16)
     disk_mb: int = Field(64, ge=1, description="size of each writable tmpfs; the largest file")
@@ -192,7 +206,8 @@ class SyntheticDataConfig(Section):
 
 class DataConfig(Section):
     train: str = Field(
-        "synthetic", description="'synthetic', a JSONL/parquet path, or an HF dataset name"
+        "synthetic",
+        description="'synthetic', a JSONL/parquet path, a directory of them, or an HF dataset name",
     )
     val_files: list[str] = Field(
         default_factory=list,

@@ -8,7 +8,9 @@ row raises a DataError that names the file and line (JSONL) or row index (parque
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +43,8 @@ def load_problems(
     field_map: Mapping[str, str] | None = None,
     skip_bad_rows: bool = False,
 ) -> LoadedProblems:
-    """Load problems from `source`: a `.jsonl` or `.parquet` path, or a Hugging Face dataset name.
+    """Load problems from `source`: a `.jsonl` or `.parquet` path, a directory of them (read in
+    natural file-name order), or a Hugging Face dataset name.
 
     `split` is used for Hugging Face datasets only (a file is one split already). A dataset name
     may carry a config after a colon, e.g. `open-r1/DAPO-Math-17k-Processed:all`.
@@ -86,10 +89,11 @@ def load_problems(
 
 
 def read_rows(source: str | Path, split: str = "train") -> Iterator[RawRow]:
-    """Rows of a local file (by suffix) or, for a name that is not a local path, a Hub dataset."""
+    """Rows of a local file (by suffix), of every data file in a local directory, or, for a name
+    that is not a local path, of a Hub dataset."""
     path = Path(source).expanduser()
     if path.is_dir():
-        raise DataError(f"{source}: is a directory; give a .jsonl or .parquet file")
+        return _read_directory(path)
     if path.exists() or path.suffix in LOCAL_FILE_SUFFIXES or path.is_absolute():
         if not path.exists():
             raise DataError(f"{source}: file not found")
@@ -102,6 +106,21 @@ def read_rows(source: str | Path, split: str = "train") -> Iterator[RawRow]:
             "Hugging Face dataset name"
         )
     return _read_hub_dataset(str(source), split)
+
+
+def _read_directory(directory: Path) -> Iterator[RawRow]:
+    """The rows of every .jsonl/.parquet file directly in `directory`, files in natural order
+    (subset_2 before subset_10), as the seeds pass the subsets `satseq offline-values split`
+    wrote; each row's location still names its own file."""
+    files = sorted(
+        (f for f in directory.iterdir() if f.is_file() and f.suffix in LOCAL_FILE_SUFFIXES),
+        key=lambda f: [
+            int(part) if part.isdigit() else part for part in re.split(r"(\d+)", f.name)
+        ],
+    )
+    if not files:
+        raise DataError(f"{directory}: a directory with no .jsonl or .parquet files in it")
+    return itertools.chain.from_iterable(read_rows(f) for f in files)
 
 
 def _detect_format_at(row: RawRow) -> RowFormat:

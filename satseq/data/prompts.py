@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from satseq.data.records import DataError, MathProblem
+from satseq.tool_tags import CODE_CLOSE, CODE_OPEN, INTERPRETER_CLOSE, INTERPRETER_OPEN
 
 SPO_ANSWER_INSTRUCTION = "The answer format must be: \\boxed{'The final answer goes here.'}"
 STEP_BY_STEP_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 TOOL_INSTRUCTION = (
     "Solve the following problem step by step. You may run Python code to help: write it "
-    "between <code> and </code>, and a sandbox will run it and return what it prints between "
-    "<interpreter> and </interpreter>. Print the values you need to see."
+    f"between {CODE_OPEN} and {CODE_CLOSE}, and a sandbox will run it and return what it prints "
+    f"between {INTERPRETER_OPEN} and {INTERPRETER_CLOSE}. Print the values you need to see."
 )
 
 

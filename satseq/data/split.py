@@ -11,12 +11,12 @@ The files have the columns `problem_id, problem, answer, solution, meta` (meta a
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from satseq.data.loaders import load_problems
 from satseq.data.records import DataError, MathProblem
+from satseq.files import write_atomically
 
 SUBSET_FILE_PATTERN = "subset_*.parquet"
 
@@ -58,10 +58,7 @@ def write_problems_parquet(problems: Sequence[MathProblem], path: str | Path) ->
             "meta": [json.dumps(problem.meta, ensure_ascii=False) for problem in problems],
         }
     )
-    partial_path = path.with_name(path.name + ".partial")
-    pq.write_table(table, partial_path)
-    os.replace(partial_path, path)
-    return path
+    return write_atomically(path, lambda handle: pq.write_table(table, handle))
 
 
 def write_subsets(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from satseq.data.records import DataError, MathProblem
+from satseq.tool_tags import CODE_CLOSE, CODE_OPEN, INTERPRETER_CLOSE, INTERPRETER_OPEN
 
 Style = Literal["words", "symbols", "mixed"]
 SolutionFormat = Literal["steps", "tool"]
@@ -306,8 +307,8 @@ def _solution(expression: ArithmeticExpression, solution_format: SolutionFormat)
     answer = evaluate(expression.tree(), steps)
     if solution_format == "tool":
         return (
-            f"<code>print({expression.render()})</code>"
-            f"<interpreter>\n{answer}\n</interpreter>\n\\boxed{{{answer}}}"
+            f"{CODE_OPEN}print({expression.render()}){CODE_CLOSE}"
+            f"{INTERPRETER_OPEN}\n{answer}\n{INTERPRETER_CLOSE}\n\\boxed{{{answer}}}"
         )
     return f"{', '.join(steps)}. \\boxed{{{answer}}}"
 

@@ -15,6 +15,7 @@ import yaml
 from rich.table import Table
 
 from satseq.evaluation.team import TeamEvaluation
+from satseq.files import write_text_atomically
 
 PREDICTIONS = "predictions.jsonl"
 SUMMARY = "summary.json"
@@ -23,11 +24,10 @@ INFERENCE_CONFIG = "inference_config.yaml"
 
 def write_predictions(path: str | Path, evaluation: TeamEvaluation) -> None:
     """One JSON line per problem (also the format of validation_data/<stage>.jsonl)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as out:
-        for result in evaluation.results:
-            out.write(json.dumps(result.as_record(), ensure_ascii=False) + "\n")
+    lines = (
+        json.dumps(result.as_record(), ensure_ascii=False) + "\n" for result in evaluation.results
+    )
+    write_text_atomically(path, "".join(lines))
 
 
 def write_outputs(
@@ -42,8 +42,8 @@ def write_outputs(
         for key in ("dataset", "checkpoint_dir")
         if key in inference_config
     }
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
-    (out / INFERENCE_CONFIG).write_text(yaml.safe_dump(inference_config, sort_keys=False))
+    write_text_atomically(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
+    write_text_atomically(out / INFERENCE_CONFIG, yaml.safe_dump(inference_config, sort_keys=False))
     return summary
 
 

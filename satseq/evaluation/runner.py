@@ -8,11 +8,11 @@ from typing import Any
 import ray
 import yaml
 
-from satseq.actors.rollout import RolloutActor, spread_requests
+from satseq.actors.rollout import spread_requests
 from satseq.cluster import builders
 from satseq.cluster.connection import connect
 from satseq.config import QUICKSTART, RunConfig, dump_config, load_config
-from satseq.evaluation.checkpoints import TeamCheckpoint, resolve_team
+from satseq.evaluation.checkpoints import resolve_team
 from satseq.evaluation.datasets import resolve_dataset
 from satseq.evaluation.outputs import write_outputs
 from satseq.evaluation.team import TeamEvaluation, evaluate_team
@@ -26,27 +26,6 @@ def run_config_for(checkpoint_dir: str | Path, overrides: list[str]) -> RunConfi
     then `overrides`: so evaluation and serving prompt and score as training did."""
     trained = Path(checkpoint_dir) / TRAIN_CONFIG
     return load_config(trained if trained.is_file() else QUICKSTART, overrides)
-
-
-def start_rollout_actors(team: TeamCheckpoint, config: RunConfig) -> list[ray.actor.ActorHandle]:
-    """`rollout.num_actors` actors, each with every agent's engine, sized by rollout.resources."""
-    rollout = config.rollout
-    agent_paths = {name: str(path) for name, path in team.agent_paths.items()}
-    actors = [
-        RolloutActor.options(
-            name=f"satseq-eval-rollout-{j}",
-            num_cpus=rollout.resources.num_cpus,
-            num_gpus=rollout.resources.num_gpus,
-        ).remote(
-            agent_paths,
-            rollout.engine,
-            builders.engine_options(config),
-            config.eval.seed + 1000 * j,
-        )
-        for j in range(rollout.num_actors)
-    ]
-    ray.get([actor.ready.remote() for actor in actors])
-    return actors
 
 
 def run_evaluation(
@@ -67,7 +46,12 @@ def run_evaluation(
     k = samples_per_agent or config.eval.samples_per_agent
     spec = builders.eval_sampling_spec(config)
     connect(address)
-    actors = start_rollout_actors(team, config)
+    actors = builders.start_rollout_actors(
+        config,
+        {name: str(path) for name, path in team.agent_paths.items()},
+        config.eval.seed,
+        lambda j: builders.rollout_actor_options(config, f"satseq-eval-rollout-{j}"),
+    )
     try:
         evaluation = evaluate_team(
             problems,

@@ -25,11 +25,12 @@ from collections.abc import Iterable
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from satseq.tool_tags import TOOL_TAGS
+
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
-TOOL_TOKENS = ("<code>", "</code>", "<interpreter>", "</interpreter>")
 CHAT_ROLES = ("system", "user", "assistant")
 
 # Qwen2's pre-tokenizer split: words, single digits (`\p{N}`), punctuation runs, whitespace.
@@ -67,7 +68,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokeniz
         show_progress=False,
     )
     backend.train_from_iterator([*CHAT_ROLES, *corpus], trainer)
-    backend.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TOOL_TOKENS])
+    backend.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TOOL_TAGS])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=ENDOFTEXT,

@@ -22,12 +22,15 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from satseq.data import MathProblem, PromptFormat, build_prompt
+from satseq.tool_tags import INTERPRETER_CLOSE, INTERPRETER_OPEN
 
 # One thread: CPU matmul results can depend on the thread count, so it must be fixed, and a model
 # this small gains little from a second thread, while on a busy machine (other actors, other
 # tests) a second OpenMP thread waiting at barriers made steps up to 30x slower.
 WARM_START_THREADS = 1
-TOOL_OUTPUT_PATTERN = re.compile(r"(<interpreter>.*?</interpreter>)", re.DOTALL)
+TOOL_OUTPUT_PATTERN = re.compile(
+    f"({re.escape(INTERPRETER_OPEN)}.*?{re.escape(INTERPRETER_CLOSE)})", re.DOTALL
+)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import statistics
 from collections import Counter
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any
 
 from satseq.config import RunConfig, load_config
 from satseq.data import DataError, MathProblem, load_problems, prompt_ids
+from satseq.files import write_atomically
 from satseq.offline.layout import default_exp_name, results_path
 
 log = logging.getLogger(__name__)
@@ -99,8 +99,6 @@ def estimate_offline_values(
     tokenizer = load_tokenizer(model_dir)
     prompt_format = builders.prompt_format(config)
     output_file = results_path(output_dir, exp_name or default_exp_name(data_file))
-    output_file.parent.mkdir(parents=True, exist_ok=True)
-    partial_file = output_file.with_name(output_file.name + ".partial")
 
     started_ray = not ray.is_initialized()
     connect(address)
@@ -112,8 +110,12 @@ def estimate_offline_values(
     try:
         if config.rollout.tools.enabled:  # the model's code runs as it would in training
             sandbox = builders.start_sandbox_pool(config)
-        actors = _start_rollout_actors(config, model_dir, sandbox)
-        with partial_file.open("w", encoding="utf-8") as rows:
+        options = builders.rollout_actor_options(config)
+        actors = builders.start_rollout_actors(
+            config, {AGENT: model_dir}, config.trainer.seed, lambda j: options, sandbox=sandbox
+        )
+
+        def write_rows(rows) -> None:
             for chunk_index, first in enumerate(range(0, len(loaded.problems), chunk_size)):
                 problems = loaded.problems[first : first + chunk_size]
                 spec = builders.sampling_spec(
@@ -137,13 +139,13 @@ def estimate_offline_values(
                     for index, sample in enumerate(
                         zip(samples, responses, scored.scores, scored.statuses, strict=True)
                     ):
-                        rows.write(
-                            json.dumps(_row(problem, index, *sample), ensure_ascii=False) + "\n"
-                        )
+                        row = json.dumps(_row(problem, index, *sample), ensure_ascii=False)
+                        rows.write(row.encode("utf-8") + b"\n")
                 if on_progress:
                     done = first + len(problems)
                     on_progress(done, len(loaded.problems), _mean(scores_of))
-        os.replace(partial_file, output_file)
+
+        write_atomically(output_file, write_rows)  # no half-written file if the run dies
     finally:
         scorer.close()
         for actor in [*actors, sandbox] if sandbox else actors:
@@ -160,33 +162,6 @@ def estimate_offline_values(
         statuses=dict(statuses),
         skipped_rows=loaded.skipped_rows,
     )
-
-
-def _start_rollout_actors(config: RunConfig, model_dir: str, sandbox) -> list:
-    """`rollout.num_actors` actors holding the base model, started and ready."""
-    import ray
-
-    from satseq.actors.rollout import RolloutActor
-    from satseq.cluster import builders
-
-    resources = config.rollout.resources
-    num_gpus = resources.num_gpus
-    if num_gpus > 0 and ray.cluster_resources().get("GPU", 0) == 0:
-        log.warning("rollout.resources asks for %s GPU but the cluster has none: CPU", num_gpus)
-        num_gpus = 0.0
-    actors = [
-        RolloutActor.options(num_cpus=resources.num_cpus, num_gpus=num_gpus).remote(
-            {AGENT: model_dir},
-            config.rollout.engine,
-            builders.engine_options(config),
-            config.trainer.seed + 1000 * j,  # as in training: actors never share a stream
-            tools=config.rollout.tools if sandbox else None,
-            sandbox=sandbox,
-        )
-        for j in range(config.rollout.num_actors)
-    ]
-    ray.get([actor.ready.remote() for actor in actors])
-    return actors
 
 
 def _row(

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from satseq.data import DataError
+from satseq.files import write_text_atomically
 
 
 def load_offline_values(path: str | Path) -> dict[str, list[float]]:
@@ -51,12 +51,7 @@ def load_offline_values(path: str | Path) -> dict[str, list[float]]:
 
 def write_offline_values(values: dict[str, list[float]], path: str | Path) -> Path:
     """Write `{prompt: [scores]}` atomically (a trainer never reads half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial_path = path.with_name(path.name + ".partial")
-    partial_path.write_text(json.dumps(values, ensure_ascii=False, indent=1) + "\n")
-    os.replace(partial_path, path)
-    return path
+    return write_text_atomically(path, json.dumps(values, ensure_ascii=False, indent=1) + "\n")
 
 
 def is_score(value: Any) -> bool:

@@ -28,7 +28,14 @@ from satseq.sandbox.fusion_api import (
     from_fusion_response,
     to_fusion_request,
 )
-from satseq.sandbox.types import ExecutionRequest, ExecutionResult, sandbox_error
+from satseq.sandbox.types import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
+    ExecutionRequest,
+    ExecutionResult,
+    sandbox_error,
+)
 
 RESPONSE_GRACE_S = 10.0
 
@@ -42,9 +49,9 @@ class FusionBackend:
         self,
         url: str,
         *,
-        timeout_s: float = 5.0,
-        memory_mb: int = 512,
-        max_output_bytes: int = 65536,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         compile_timeout_s: float = 10.0,
         max_concurrency: int = 8,
         max_retries: int = 3,

@@ -37,7 +37,15 @@ from satseq.sandbox.isolation import (
     combine,
     require,
 )
-from satseq.sandbox.types import ExecutionRequest, ExecutionResult, IsolationLevel, sandbox_error
+from satseq.sandbox.types import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
+    ExecutionRequest,
+    ExecutionResult,
+    IsolationLevel,
+    sandbox_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +59,9 @@ class LocalSandboxSettings:
     """The local backend's knobs; the limits are each request's defaults."""
 
     workers: int = 4
-    timeout_s: float = 5.0
-    memory_mb: int = 512
-    max_output_bytes: int = 65536
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    memory_mb: int = DEFAULT_MEMORY_MB
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     min_isolation: IsolationLevel = IsolationLevel.FULL
     max_processes: int = 64  # tasks (processes + threads) per run, the sandbox's own included
     max_open_files: int = 256

@@ -21,6 +21,10 @@ MAX_TIMEOUT_S = 600.0
 MAX_MEMORY_MB = 65536
 MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 MIN_MEMORY_MB = 32  # below this the interpreter itself does not start
+# The limits of a request that leaves them out, unless a backend is configured otherwise.
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_MEMORY_MB = 512
+DEFAULT_MAX_OUTPUT_BYTES = 65536
 
 
 class Status(StrEnum):

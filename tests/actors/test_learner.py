@@ -123,3 +123,28 @@ def test_state_dict_round_trip(raw_tiny_model, tmp_path):
     saved = learner.save_pretrained(str(tmp_path / "hf"))
     reloaded = make_learner(saved)
     assert all(torch.equal(learner.weights()[k], v) for k, v in reloaded.weights().items())
+
+
+def test_value_head_starts_at_zero_and_fits_the_returns_of_the_agents_tokens(raw_tiny_model):
+    """`gae` mode's critic: V = 0 at first (GAE = discounted returns); fitting moves V towards
+    the returns on the agent's own tokens, and never the policy."""
+    learner = make_learner(raw_tiny_model, value_lr=5e-2, value_steps=60)
+    batch_trajs = trajectories(learner.tokenizer, owners=(0, 0, 1, 0))
+    own = pad_batch(batch_trajs, learner.pad_token_id).response_mask
+    own[2] = 0  # agent 1's trajectory
+    assert torch.equal(learner.values(batch_trajs), torch.zeros(own.shape))
+    policy = learner.weights()
+    returns = torch.full(own.shape, 0.7)
+    loss = learner.fit_values(batch_trajs, returns)
+    V = learner.values(batch_trajs)
+    assert loss < 0.01 < 0.5 * 0.7**2  # ½ (V − 0.7)² fell from 0.245
+    assert ((V - 0.7).abs() * own).sum() / own.sum() < 0.1
+    assert all(torch.equal(policy[k], v) for k, v in learner.weights().items())
+
+    untouched = make_learner(raw_tiny_model, value_lr=5e-2)
+    assert untouched.fit_values(trajectories(learner.tokenizer, owners=(1, 1, 1, 1)), returns) == 0
+    assert torch.equal(untouched.values(batch_trajs), torch.zeros(own.shape))
+
+    restored = make_learner(raw_tiny_model, value_lr=5e-2)
+    restored.load_state_dict(learner.state_dict())
+    assert torch.equal(restored.values(batch_trajs), V)

@@ -13,6 +13,7 @@ from satseq.algo.advantages import (
     gae_group_advantages,
     group_advantages,
     spo_advantages,
+    terminal_rewards,
 )
 
 
@@ -108,6 +109,22 @@ def test_gae_group_advantages_token_mean_then_group_norm():
     # per-trajectory means: 2 and 0 → group of 2: ±1
     out = gae_group_advantages(token_A, mask, group_size=2)
     assert torch.allclose(out.advantages, torch.tensor([[1.0, -1.0]]), atol=1e-6)
+
+
+def test_gae_group_advantages_leave_zero_weight_trajectories_out_of_the_baseline():
+    token_A = torch.tensor([[1.0, 3.0], [0.0, 0.0], [4.0, 0.0], [9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
+    # means 2, 0, 4, 9; the last has weight 0 (another agent's): baseline 2, population std 1.633
+    out = gae_group_advantages(token_A, mask, group_size=4, weights=torch.tensor([1.0, 1, 1, 0]))
+    sigma = (8 / 3) ** 0.5
+    expected = torch.tensor([[0.0, -2.0 / sigma, 2.0 / sigma, 7.0 / sigma]])
+    assert torch.allclose(out.advantages, expected, atol=1e-5)
+
+
+def test_terminal_rewards_sit_on_each_rows_last_own_token():
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    rewards = terminal_rewards(torch.tensor([1.0, 0.5, 1.0]), mask)
+    assert rewards.tolist() == [[0, 1, 0, 0], [0, 0, 0.5, 0], [0, 0, 0, 0]]
 
 
 def test_clip_advantages():

@@ -3,12 +3,8 @@
 import pytest
 import torch
 
-from satseq.cluster.checkpoint import (
-    checkpoint_stages,
-    load_latest_checkpoint,
-    save_checkpoint,
-    write_atomically,
-)
+from satseq.cluster.checkpoint import checkpoint_stages, load_latest_checkpoint, save_checkpoint
+from satseq.files import write_atomically
 
 
 def test_save_and_load_latest_keeps_the_newest(tmp_path):

@@ -13,13 +13,17 @@ from tests.cluster.runs import SPO_RUN, read_metrics, run_env, train_command, wi
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("algorithm", ["sat_seq", "spo"])
+EXTRA_ARGS = {"sat_seq": [], "sat_seq_gae": ["--set", "sat_seq.advantage=gae"], "spo": SPO_RUN}
+
+
+@pytest.mark.parametrize("algorithm", list(EXTRA_ARGS))
 def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
     tmp_path, built_quickstart_model, algorithm
 ):
-    """SPO's resume state adds the trackers (with their stored log-probs) and the sampler RNG."""
+    """SPO's resume state adds the trackers (with their stored log-probs) and the sampler RNG;
+    `gae` mode's, the value heads and their optimisers."""
     stages = 3
-    extra = SPO_RUN if algorithm == "spo" else []
+    extra = EXTRA_ARGS[algorithm]
     straight = tmp_path / "straight"
     subprocess.run(train_command(straight, stages, *extra), check=True, timeout=600, env=run_env())
 
@@ -54,6 +58,10 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
     assert [without_timings(m) for m in resumed] == [without_timings(m) for m in reference]
     # the runs learned something, so equality is not the trivial equality of untouched weights
     assert any(m["accepted/a0"] > 0 for m in reference)
+    if algorithm == "sat_seq_gae":  # the value heads learned, from V = 0 at the first stage
+        assert reference[0]["value/mean/a0"] == 0.0
+        assert all(m["value/loss/a0"] > 0 for m in reference)
+        assert reference[-1]["value/mean/a0"] != 0.0
 
 
 def test_ctrl_c_finishes_the_stage_checkpoints_and_exits_cleanly(tmp_path, built_quickstart_model):

@@ -313,3 +313,30 @@ def test_a_hub_dataset_is_read_like_a_file_with_config_and_split(monkeypatch):
     assert calls == [("org/math", "all", "test")]
     assert list(loaded) == EXPECTED["MATH-500"]
     assert loaded.skipped_rows == ["org/math[test]:row 1: missing field 'answer' (format MATH-500)"]
+
+
+def test_a_directory_reads_its_data_files_in_natural_order(tmp_path):
+    """The seeds' TRAIN_DATA_DIR: a directory of subset files, subset_2 before subset_10."""
+    problems = [MathProblem(f"p{i}", f"What is {i}+1?", str(i + 1)) for i in range(12)]
+    for index, problem in enumerate(problems):
+        write_jsonl(
+            tmp_path / f"subset_{index}.jsonl",
+            [{"problem": problem.problem, "answer": problem.answer}],
+        )
+    (tmp_path / "notes.txt").write_text("not data")
+    loaded = load_problems(tmp_path)
+    assert [p.problem for p in loaded.problems] == [p.problem for p in problems]
+    assert loaded.problems[10].problem_id == "subset_10.jsonl:1"
+
+
+def test_a_bad_row_in_a_directory_names_its_own_file(tmp_path):
+    write_jsonl(tmp_path / "subset_0.jsonl", PROBLEM_ANSWER_ROWS)
+    write_jsonl(tmp_path / "subset_1.jsonl", ['{"problem": "x"'])
+    with pytest.raises(DataError, match=rf"{tmp_path / 'subset_1.jsonl'}:1: invalid JSON"):
+        load_problems(tmp_path)
+
+
+def test_a_directory_without_data_files_is_named(tmp_path):
+    (tmp_path / "readme.md").write_text("nothing here")
+    with pytest.raises(DataError, match=rf"{tmp_path}: a directory with no .jsonl or .parquet"):
+        load_problems(tmp_path)

@@ -35,6 +35,7 @@ def test_written_subsets_load_back_to_the_same_problems(tmp_path):
     loaded = [load_problems(path) for path in paths]
     assert [len(subset) for subset in loaded] == [7, 6, 6, 6]
     assert [problem for subset in loaded for problem in subset] == problems
+    assert load_problems(tmp_path / "subsets").problems == problems  # the seeds' TRAIN_DATA_DIR
 
 
 def test_a_source_file_is_loaded_then_split(tmp_path):

@@ -4,7 +4,8 @@ import pytest
 
 from satseq.data import TOOL_PROMPT_FORMAT, build_messages, build_prompt, make_split
 from satseq.models.corpus import tokenizer_corpus
-from satseq.models.tokenizer import IM_END, TOOL_TOKENS, train_tokenizer
+from satseq.models.tokenizer import IM_END, train_tokenizer
+from satseq.tool_tags import TOOL_TAGS
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def test_chat_template_renders_chatml(tokenizer):
 def test_tool_tags_are_single_tokens_that_decoding_keeps(tokenizer):
     text = "<code>print(7+12-3)</code><interpreter>\n16\n</interpreter>\n\\boxed{16}"
     ids = tokenizer.encode(text, add_special_tokens=False)
-    for tag in TOOL_TOKENS:
+    for tag in TOOL_TAGS:
         assert tokenizer.convert_tokens_to_ids(tag) in ids
     # Not special: skip_special_tokens (vLLM's default) must leave them for the agent loop.
     assert tokenizer.decode(ids, skip_special_tokens=True) == text

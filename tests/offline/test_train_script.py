@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from satseq.data import make_split, write_subsets
+
 ROOT = Path(__file__).parents[2]
 TRAIN_SH = ROOT / "scripts" / "train.sh"
 SATSEQ = str(Path(sys.executable).parent / "satseq")
@@ -120,12 +122,17 @@ def test_bad_variables_are_named(variables, message):
 
 
 @pytest.mark.slow
-def test_spo_debug_run_trains_end_to_end(tmp_path):
-    result = run_script({"METHOD": "SPO", "DEBUG": "1", "OUTPUT_DIR": str(tmp_path)}, timeout=600)
+def test_spo_debug_run_trains_end_to_end_on_a_directory_of_subsets(tmp_path):
+    # the seeds' TRAIN_DATA_DIR: the subset_<i>.parquet files that `offline-values split` wrote
+    problems = make_split("test", 16, seed=0, difficulty=1, style="symbols")
+    write_subsets(problems, tmp_path / "splits", num_subsets=2)
+    variables = {"METHOD": "SPO", "DEBUG": "1", "OUTPUT_DIR": str(tmp_path)}
+    result = run_script(variables | {"TRAIN_DATA_DIR": str(tmp_path / "splits")}, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     run_dir = tmp_path / "debug_spo"
     config = yaml.safe_load((run_dir / "train_config.yaml").read_text())
     assert config["algorithm"]["name"] == "spo"
+    assert config["data"]["train"] == str(tmp_path / "splits")
     stages = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(stages) == 2
     assert (run_dir / "agent_policy" / "stage_1" / "config.json").is_file()

@@ -12,9 +12,13 @@ from satseq.actors.chain import chain_rollouts
 from satseq.algo import (
     AgentScheduler,
     bandit_lower_bound,
+    gae,
+    gae_group_advantages,
     group_advantages,
+    masked_mean,
     masked_sum,
     surrogate_gain,
+    terminal_rewards,
     theorem_terms,
     truncated_is_weights,
     truncation_bias,
@@ -107,11 +111,17 @@ class SatSeqRecipe:
             updated_tokens = batch.owned_by(updated)
             log_ratio_prev = masked_sum(logp_hat - logp_cur, updated_tokens, dim=-1)
             c = truncated_is_weights(logp_hat, logp_cur, updated_tokens, cfg.sat_seq.max_log_ratio)
-            A = group_advantages(
-                R[train].view(-1, G), weights=c[train].view(-1, G), A_clip=cfg.sat_seq.A_clip
-            ).advantages.flatten()
             rows = train_rows[i]
+            if cfg.sat_seq.advantage == "gae" and rows:
+                A, returns, value_metrics = self._gae_advantages(i, batch, rows, c)
+            else:
+                A = group_advantages(
+                    R[train].view(-1, G), weights=c[train].view(-1, G), A_clip=cfg.sat_seq.A_clip
+                ).advantages.flatten()
+                value_metrics = {}
             stats = rt.update_agent(i, batch, rows, logp_cur, A, c)
+            if value_metrics:  # the value head learns the returns with the updated weights
+                value_metrics["value/loss"] = rt.fit_values(i, batch, rows, returns)
             own = batch.owned_by([i])[rows]
             T_i = stats.logp_hat.shape[1]  # the agent's rows are padded to their own longest
             logp_hat[rows, :T_i] = torch.where(
@@ -132,13 +142,17 @@ class SatSeqRecipe:
                 n_agents=len(agents),
                 delta_conf=cfg.algorithm.certificate.delta_conf,
             )
-            per_agent[name] = update_metrics(stats) | {
-                "cert/information_gain": terms.information_gain,
-                "cert/occupancy_shift": terms.occupancy_shift,
-                "cert/estimator_bias": terms.estimator_bias,
-                "cert/finite_sample": terms.finite_sample,
-                "cert/lower_bound": terms.lower_bound,
-            }
+            per_agent[name] = (
+                update_metrics(stats)
+                | value_metrics
+                | {
+                    "cert/information_gain": terms.information_gain,
+                    "cert/occupancy_shift": terms.occupancy_shift,
+                    "cert/estimator_bias": terms.estimator_bias,
+                    "cert/finite_sample": terms.finite_sample,
+                    "cert/lower_bound": terms.lower_bound,
+                }
+            )
         clock = lap(timings, "time/update", clock)
 
         # 7. certificate on the held-out prompts, metrics
@@ -198,6 +212,35 @@ class SatSeqRecipe:
                 trajectory.response_ids[start:end], skip_special_tokens=True
             )
         return trajectories
+
+    def _gae_advantages(
+        self, i: int, batch: StageBatch, rows: list[int], c: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """`gae` mode (DESIGN §4): GAE(γ, λ) over agent i's tokens with its value head, the
+        token-mean per trajectory, group-normalised under c (its own trajectories only) and
+        clipped. Returns A [n_train] (0 off its rows), the returns [len(rows), T_i] for the
+        value head, and the value metrics."""
+        cfg = self.runtime.config
+        V = self.runtime.values(i, batch, rows)
+        own = batch.owned_by([i])[rows, : V.shape[1]]
+        token_A, returns = gae(
+            terminal_rewards(batch.rewards[rows], own),
+            V,
+            own,
+            cfg.algorithm.gamma,
+            cfg.algorithm.lam,
+        )
+        n_train = batch.n_train
+        all_token_A, all_own = torch.zeros(n_train, V.shape[1]), torch.zeros(n_train, V.shape[1])
+        all_token_A[rows], all_own[rows] = token_A, own
+        A = gae_group_advantages(
+            all_token_A,
+            all_own,
+            cfg.sat_seq.group_size,
+            weights=c[:n_train] * batch.owns[i, :n_train],
+            A_clip=cfg.sat_seq.A_clip,
+        ).advantages.flatten()
+        return A, returns, {"value/mean": float(masked_mean(V, own))}
 
     def _bandit_certificate(
         self, batch: StageBatch, logp_cur: torch.Tensor
