@@ -118,9 +118,9 @@ class SatSeqRecipe:
                 A = group_advantages(
                     R[train].view(-1, G), weights=c[train].view(-1, G), A_clip=cfg.sat_seq.A_clip
                 ).advantages.flatten()
-                value_metrics = {}
+                returns, value_metrics = None, {}
             stats = rt.update_agent(i, batch, rows, logp_cur, A, c)
-            if value_metrics:  # the value head learns the returns with the updated weights
+            if returns is not None:  # the value head learns the returns with the updated weights
                 value_metrics["value/loss"] = rt.fit_values(i, batch, rows, returns)
             own = batch.owned_by([i])[rows]
             T_i = stats.logp_hat.shape[1]  # the agent's rows are padded to their own longest
