@@ -68,7 +68,7 @@ class LearnerSpec:
     on_exhausted: Literal["reject", "keep"] = "reject"
     trust_region: bool = True  # False: plain PPO steps, no KL penalty, no backtracking (SPO, GRPO)
     value_lr: float | None = None  # `gae` mode: a value head fitted at this lr; None: no head
-    value_steps: int = 1  # value-head steps per stage
+    value_steps: int = 8  # value-head steps per stage (sat_seq.value_steps)
     seed: int = 0
     num_threads: int = 1
 

@@ -161,7 +161,7 @@ def learner_spec(config: RunConfig, agent_index: int, device: str, num_threads: 
     )
 
 
-def rollout_actor_options(config: RunConfig, name: str | None = None) -> dict:
+def rollout_actor_options(config: RunConfig) -> dict:
     """Ray options of a rollout actor outside the training placement group: rollout.resources,
     on the CPU where the cluster has no GPU."""
     import ray
@@ -171,7 +171,7 @@ def rollout_actor_options(config: RunConfig, name: str | None = None) -> dict:
     if num_gpus > 0 and ray.cluster_resources().get("GPU", 0) == 0:
         log.warning("rollout.resources asks for %s GPU but the cluster has none: CPU", num_gpus)
         num_gpus = 0.0
-    return {"num_cpus": resources.num_cpus, "num_gpus": num_gpus} | ({"name": name} if name else {})
+    return {"num_cpus": resources.num_cpus, "num_gpus": num_gpus}
 
 
 def start_rollout_actors(

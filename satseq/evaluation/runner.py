@@ -46,11 +46,12 @@ def run_evaluation(
     k = samples_per_agent or config.eval.samples_per_agent
     spec = builders.eval_sampling_spec(config)
     connect(address)
+    options = builders.rollout_actor_options(config)  # the cluster is asked once
     actors = builders.start_rollout_actors(
         config,
         {name: str(path) for name, path in team.agent_paths.items()},
         config.eval.seed,
-        lambda j: builders.rollout_actor_options(config, f"satseq-eval-rollout-{j}"),
+        lambda j: options | {"name": f"satseq-eval-rollout-{j}"},
     )
     try:
         evaluation = evaluate_team(
