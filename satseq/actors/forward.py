@@ -1,47 +1,73 @@
-"""Teacher-forced forward passes over padded trajectories (the learner's view of a batch)."""
+"""Teacher-forced forward passes over padded trajectories (the learner's view of a batch).
+
+The transformer runs once over prompt ‖ response; only the hidden states of the response
+states go on to the output layer, chunk by chunk (`satseq.algo.lm_head`), so no logits tensor
+[N, L, V] (nor [N, T, V]) ever exists. Every tensor made here follows the batch's device.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from satseq.actors.trajectory import PaddedBatch
-from satseq.algo.logprobs import token_logprobs
+from satseq.algo.lm_head import DEFAULT_CHUNK_TOKENS, OutputLayer, chunked_logprobs_and_kl
 
 
-def response_logits(model: torch.nn.Module, batch: PaddedBatch) -> torch.Tensor:
-    """Logits that predict each response token, [N, T, V]."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    return _at_response_states(logits, batch)
+def output_layer(model: torch.nn.Module) -> OutputLayer:
+    """The model's output projection (its lm_head) as tensors."""
+    head = model.get_output_embeddings()
+    if getattr(model.config, "final_logit_softcapping", None):
+        raise ValueError(
+            f"{type(model).__name__} soft-caps its logits; the learner's chunked log-probs "
+            "implement a plain linear output layer only"
+        )
+    return OutputLayer(head.weight, head.bias)
 
 
 def response_hidden_states(model: torch.nn.Module, batch: PaddedBatch) -> torch.Tensor:
     """The last hidden state of each state s_t, before response token t is chosen, [N, T, H]
-    (what a value head V(s_t) reads)."""
+    (what the output layer and a value head V(s_t) read)."""
     hidden = model.base_model(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask
     ).last_hidden_state
-    return _at_response_states(hidden, batch)
-
-
-def _at_response_states(per_position: torch.Tensor, batch: PaddedBatch) -> torch.Tensor:
-    """[N, L, D] per input position → [N, T, D] at the state before each response token.
-
-    Sequences are left-aligned and right-padded, so default position ids are correct; the state
-    before response token t is position response_start + t − 1.
-    """
-    N, L, D = per_position.shape
+    N, L, H = hidden.shape
     T = batch.response_ids.shape[1]
-    positions = (batch.response_start.unsqueeze(1) - 1 + torch.arange(T)).clamp(0, L - 1)
-    positions = positions.to(per_position.device)
-    return per_position.gather(1, positions.unsqueeze(-1).expand(N, T, D))
+    # sequences are left-aligned and right-padded, so default position ids are correct; the
+    # state before response token t is position response_start + t − 1
+    offsets = torch.arange(T, device=batch.response_start.device)
+    positions = (batch.response_start.unsqueeze(1) - 1 + offsets).clamp(0, L - 1)
+    return hidden.gather(1, positions.unsqueeze(-1).expand(N, T, H))
+
+
+def response_positions(batch: PaddedBatch) -> torch.Tensor:
+    """Bool [N, T]: the positions that hold a response token (not padding)."""
+    T = batch.response_ids.shape[1]
+    offsets = torch.arange(T, device=batch.response_lengths.device)
+    return offsets.unsqueeze(0) < batch.response_lengths.unsqueeze(1)
+
+
+def scatter_response(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """Per-token values [M] at the True entries of `where` [N, T] → [N, T], 0 elsewhere."""
+    out = torch.zeros(where.shape, dtype=values.dtype, device=values.device)
+    out[where] = values
+    return out
 
 
 def response_logprobs(
-    model: torch.nn.Module, batch: PaddedBatch, temperature: float
+    model: torch.nn.Module,
+    batch: PaddedBatch,
+    temperature: float,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> torch.Tensor:
-    """log π(y_t | y_<t) of every response token at the sampling temperature, [N, T].
-
-    Padding positions hold junk values; mask them with batch.response_mask.
-    """
-    logits = response_logits(model, batch)
-    return token_logprobs(logits, batch.response_ids.to(logits.device), temperature)
+    """log π(y_t | y_<t) of every response token at the sampling temperature, [N, T] float32
+    (0 at padding)."""
+    where = response_positions(batch)
+    hidden = response_hidden_states(model, batch)[where]
+    logp, _ = chunked_logprobs_and_kl(
+        hidden,
+        batch.response_ids[where],
+        output_layer(model),
+        temperature,
+        chunk_tokens=chunk_tokens,
+    )
+    return scatter_response(logp, where)

@@ -1,10 +1,18 @@
 """LearnerActor: one per agent. Holds the agent's model, AdamW and β_i, and runs its
 trust-region update (DESIGN §3 step 6); in `gae` mode also the agent's value head. All math
 comes from `satseq.algo`.
+
+Precision: the master weights and the optimiser state are float32; forward and backward run
+under autocast in `LearnerSpec.dtype` (bfloat16 on GPUs), so an update of 1e-6 relative size is
+kept rather than rounded away. Memory: logits exist one chunk of tokens at a time
+(`satseq.algo.lm_head`); the KL's π_cur is the stage-start output layer plus the stage-start
+hidden states of the batch, taken from the first forward pass, not a copy of the model; the
+backtracking snapshot lives in CPU memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable, Iterator
@@ -15,22 +23,30 @@ from typing import Any, Literal
 import ray
 import torch
 
-from satseq.actors.forward import response_hidden_states, response_logits, response_logprobs
+from satseq.actors.forward import (
+    output_layer,
+    response_hidden_states,
+    response_logprobs,
+    response_positions,
+    scatter_response,
+)
 from satseq.actors.trajectory import PaddedBatch, Trajectory, pad_batch
 from satseq.actors.value_head import ValueHead
-from satseq.algo.kl import kl_exact_from_logprobs, kl_k3, kl_quantile, sequence_kl
-from satseq.algo.logprobs import gather_token_logprobs, vocabulary_logprobs
+from satseq.algo.kl import kl_k3, kl_quantile, sequence_kl
+from satseq.algo.lm_head import DEFAULT_CHUNK_TOKENS, OutputLayer, chunked_logprobs_and_kl
 from satseq.algo.losses import Aggregation, RatioMode, kl_penalty, policy_loss
 from satseq.algo.masks import owner_mask
 from satseq.algo.trust_region import (
     StepDecision,
     StepOutcome,
+    TrainingSnapshot,
     TrustRegion,
     restore_training_state,
     snapshot_training_state,
     trust_region_step,
 )
 from satseq.models import load_policy
+from satseq.models.loading import TORCH_DTYPES
 
 
 @dataclass(frozen=True)
@@ -46,27 +62,45 @@ class LossSpec:
 
 
 @dataclass(frozen=True)
-class LearnerSpec:
-    model_path: str
-    agent_index: int
-    loss: LossSpec = field(default_factory=LossSpec)
-    dtype: str = "float32"
-    device: str = "cpu"
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    micro_batch_size: int = 8
-    update_steps: int = 1
-    gradient_checkpointing: bool = False
-    temperature: float = 1.0
-    kl_coef: float = 0.01
+class TrustRegionSpec:
+    """The quantile-KL trust region and its β_i (DESIGN §4). enabled=False: plain PPO steps,
+    no KL penalty, no backtracking (SPO, GRPO); q is still measured and logged."""
+
+    enabled: bool = True
+    kl_coef: float = 0.01  # the initial β_i
     target_kl: float = 0.05
     alpha: float = 0.1  # the KL quantile is the (1 − α) quantile
     beta_growth: float = 1.5
     step_shrink: float = 0.5
     max_backtracks: int = 3
     on_exhausted: Literal["reject", "keep"] = "reject"
-    trust_region: bool = True  # False: plain PPO steps, no KL penalty, no backtracking (SPO, GRPO)
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """AdamW over the float32 master weights, with gradient-norm clipping."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    model_path: str
+    agent_index: int
+    loss: LossSpec = field(default_factory=LossSpec)
+    trust_region: TrustRegionSpec = field(default_factory=TrustRegionSpec)
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    dtype: str = "float32"  # compute dtype; master weights and optimiser state stay float32
+    save_dtype: str | None = None  # HF checkpoints and engine weights; None: the compute dtype
+    device: str = "cpu"
+    micro_batch_size: int = 8
+    max_tokens_per_micro_batch: int | None = None  # padded prompt + response tokens
+    logit_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    update_steps: int = 1
+    gradient_checkpointing: bool = False
+    temperature: float = 1.0
     value_lr: float | None = None  # `gae` mode: a value head fitted at this lr; None: no head
     value_steps: int = 8  # value-head steps per stage (sat_seq.value_steps)
     seed: int = 0
@@ -99,6 +133,37 @@ class UpdateResult:
         return self.steps[-1].kl_quantiles[-1] if self.steps else 0.0
 
 
+@dataclass
+class MicroBatch:
+    """One micro-batch of an update: its rows of the batch, tensors on the learner's device,
+    agent i's token mask [n, T_mb] and its share of the loss's normaliser."""
+
+    rows: slice
+    batch: PaddedBatch
+    mask: torch.Tensor
+    weight: float
+
+
+@dataclass
+class StageReference:
+    """What the exact KL needs of π_cur (the stage-start policy): its output layer, and its last
+    hidden states at each micro-batch's response states, filled by the update's first forward
+    pass (where π_θ is still π_cur) instead of a second model."""
+
+    layer: OutputLayer
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # micro-batch → [M, H]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One optimiser step of an update and the KL check after it."""
+
+    loss: float
+    clip_fraction: float
+    kl_quantile: float
+    logp_new: torch.Tensor  # [N, T] under the weights after the step
+
+
 class Learner:
     """One agent's model and optimiser. Plain class; `LearnerActor` is its Ray actor."""
 
@@ -106,39 +171,66 @@ class Learner:
         self.spec = spec
         torch.set_num_threads(spec.num_threads)
         torch.manual_seed(spec.seed)
+        self.compute_dtype = TORCH_DTYPES[spec.dtype]
+        self.save_dtype = TORCH_DTYPES[spec.save_dtype or spec.dtype]
         self.model, self.tokenizer = load_policy(
-            spec.model_path, dtype=spec.dtype, device=spec.device
+            spec.model_path, dtype="float32", device=spec.device
         )
+        self.device = next(self.model.parameters()).device
         if spec.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            self.model.config.use_cache = False
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         self.model.train()
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay
+            self.model.parameters(), lr=spec.optimizer.lr, weight_decay=spec.optimizer.weight_decay
         )
+        tr = spec.trust_region
         self.region = TrustRegion(
-            target_kl=spec.target_kl,
-            alpha=spec.alpha,
-            max_backtracks=spec.max_backtracks,
-            beta=spec.kl_coef,
-            beta_growth=spec.beta_growth,
-            step_shrink=spec.step_shrink,
-            on_exhausted=spec.on_exhausted,
+            target_kl=tr.target_kl,
+            alpha=tr.alpha,
+            max_backtracks=tr.max_backtracks,
+            beta=tr.kl_coef,
+            beta_growth=tr.beta_growth,
+            step_shrink=tr.step_shrink,
+            on_exhausted=tr.on_exhausted,
         )
+        self.snapshot = TrainingSnapshot()  # its CPU buffers are reused by every step
         self.pad_token_id = self.tokenizer.pad_token_id
         self.value_head = (
-            ValueHead(self.model.config.hidden_size, spec.value_lr, spec.device)
+            ValueHead(self.model.config.hidden_size, spec.value_lr, self.device)
             if spec.value_lr is not None
             else None
         )
 
     # --- forward passes ------------------------------------------------------------------------
 
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Forward passes in the compute dtype over the float32 master weights."""
+        return torch.autocast(
+            self.device.type,
+            dtype=self.compute_dtype,
+            enabled=self.compute_dtype != torch.float32,
+        )
+
     def _micro_batches(self, trajectories: list[Trajectory]) -> Iterator[tuple[slice, PaddedBatch]]:
-        size = self.spec.micro_batch_size
-        for start in range(0, len(trajectories), size):
-            rows = slice(start, min(start + size, len(trajectories)))
-            batch = pad_batch(trajectories[rows], self.pad_token_id)
-            yield rows, batch.to(self.spec.device)
+        """Consecutive micro-batches of at most `micro_batch_size` trajectories and, if set,
+        `max_tokens_per_micro_batch` padded tokens (a longer trajectory goes alone)."""
+        spec = self.spec
+        budget = spec.max_tokens_per_micro_batch
+        start = 0
+        while start < len(trajectories):
+            end, longest = start, 0
+            while end < len(trajectories) and end - start < spec.micro_batch_size:
+                t = trajectories[end]
+                length = max(longest, len(t.prompt_ids) + len(t.response_ids))
+                if budget is not None and end > start and (end - start + 1) * length > budget:
+                    break
+                end, longest = end + 1, length
+            rows = slice(start, end)
+            yield rows, pad_batch(trajectories[rows], self.pad_token_id).to(self.device)
+            start = end
 
     @torch.no_grad()
     def _per_token(
@@ -146,16 +238,21 @@ class Learner:
     ) -> torch.Tensor:
         """compute(micro-batch) [n, T_mb] gathered into [N, T] (T = longest response), on CPU."""
         T = max(len(t.response_ids) for t in trajectories)
-        out = torch.zeros(len(trajectories), max(T, 1))
+        out = torch.zeros(len(trajectories), max(T, 1), device="cpu")
         for rows, batch in self._micro_batches(trajectories):
-            values = compute(batch)
+            with self.autocast():
+                values = compute(batch)
             out[rows, : values.shape[1]] = values.float().cpu()
         return out
 
     def logprobs(self, trajectories: list[Trajectory]) -> torch.Tensor:
         """Teacher-forced log-probs at the sampling temperature, [N, T]."""
+        spec = self.spec
         return self._per_token(
-            trajectories, lambda batch: response_logprobs(self.model, batch, self.spec.temperature)
+            trajectories,
+            lambda batch: response_logprobs(
+                self.model, batch, spec.temperature, spec.logit_chunk_tokens
+            ),
         )
 
     def values(self, trajectories: list[Trajectory]) -> torch.Tensor:
@@ -169,7 +266,7 @@ class Learner:
         the agent's tokens, with the current (updated) weights' hidden states. Returns the
         loss before the last step."""
         hidden, targets, masks = [], [], []
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             for rows, batch in self._micro_batches(trajectories):
                 hidden.append(response_hidden_states(self.model, batch))
                 masks.append(
@@ -197,151 +294,200 @@ class Learner:
         """
         started = time.perf_counter()
         spec = self.spec
-        micro_batches = list(self._micro_batches(trajectories))  # padded once, used every attempt
-        masks = [
-            owner_mask(b.owner_ids, [spec.agent_index], b.response_mask) for _, b in micro_batches
-        ]
-        counts = [
-            m.sum() if spec.loss.aggregation == "token_mean" else (m.sum(-1) > 0).sum()
-            for m in masks
-        ]
-        total = float(sum(counts))
-        reference = self._reference_model() if spec.loss.kl_estimator == "exact" else None
+        micro_batches = self._update_micro_batches(trajectories)
+        tokens = int(sum(float(mb.mask.sum()) for mb in micro_batches))
+        exact_kl = spec.loss.kl_estimator == "exact"
+        reference = StageReference(output_layer(self.model).detached_copy()) if exact_kl else None
         logp_hat = logp_cur.clone()  # the agent's tokens under its unchanged weights
-        stats: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0}
-        logp_after_attempt: list[torch.Tensor] = []
+        steps: list[StepOutcome] = []
+        attempts: list[Attempt] = []
+        for step in range(spec.update_steps if micro_batches else 0):
 
-        def take_step(beta: float, step_scale: float) -> float:
-            for group in self.optimizer.param_groups:
-                group["lr"] = spec.lr * step_scale
-            self.optimizer.zero_grad(set_to_none=True)
-            loss_sum = clip_sum = 0.0
-            for (rows, batch), mask, count in zip(micro_batches, masks, counts, strict=True):
-                if count == 0:
-                    continue
-                T_mb = mask.shape[1]
-                logp_vocabulary = vocabulary_logprobs(
-                    response_logits(self.model, batch), spec.temperature
+            def attempt(beta: float, step_scale: float, step: int = step) -> float:
+                attempts.append(
+                    self._attempt(micro_batches, logp_cur, A, c, reference, step, beta, step_scale)
                 )
-                logp = gather_token_logprobs(logp_vocabulary, batch.response_ids)
-                pl = policy_loss(
-                    logp,
-                    logp_cur[rows, :T_mb].to(logp.device),
-                    A[rows].to(logp.device),
-                    mask,
-                    c=c[rows].to(logp.device),
-                    ratio=spec.loss.ratio,
-                    eps_low=spec.loss.eps_low,
-                    eps_high=spec.loss.eps_high,
-                    dual_clip=spec.loss.dual_clip,
-                    aggregation=spec.loss.aggregation,
-                )
-                loss = pl.loss
-                if beta > 0:
-                    per_token_kl = self._per_token_kl(
-                        logp_vocabulary, logp, logp_cur[rows, :T_mb], batch, reference
-                    )
-                    loss = loss + kl_penalty(per_token_kl, mask, beta)
-                weight = float(count) / total
-                (loss * weight).backward()
-                loss_sum += loss.item() * weight
-                clip_sum += pl.clip_fraction * weight
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.grad_clip)
-            self.optimizer.step()
-            stats.update(loss=loss_sum, clip_fraction=clip_sum)
-            q, logp_new = self._kl_quantile_and_logprobs(micro_batches, logp_cur, masks, reference)
-            logp_after_attempt.append(logp_new)
-            return q
+                return attempts[-1].kl_quantile
 
-        steps = []
-        for _ in range(spec.update_steps):
-            if total == 0:
-                break
-            if not spec.trust_region:  # every step is taken; q is still measured and logged
-                q = take_step(0.0, 1.0)
-                steps.append(StepOutcome(StepDecision.ACCEPT, 0, [q], 0.0))
-                logp_hat = logp_after_attempt[-1]
-                continue
-            outcome = trust_region_step(
-                self.region,
-                take_step,
-                save=lambda: snapshot_training_state(self.model, self.optimizer),
-                restore=lambda snapshot: restore_training_state(
-                    self.model, self.optimizer, snapshot
-                ),
-            )
+            if spec.trust_region.enabled:
+                outcome = trust_region_step(
+                    self.region,
+                    attempt,
+                    save=lambda: snapshot_training_state(
+                        self.model, self.optimizer, into=self.snapshot
+                    ),
+                    restore=lambda snapshot: restore_training_state(
+                        self.model, self.optimizer, snapshot
+                    ),
+                )
+            else:  # every step is taken; q is still measured and logged
+                outcome = StepOutcome(StepDecision.ACCEPT, 0, [attempt(0.0, 1.0)], 0.0)
             steps.append(outcome)
             if outcome.applied:
-                logp_hat = logp_after_attempt[-1]
-        tokens = int(sum(m.sum() for m in masks))
+                logp_hat = attempts[-1].logp_new
         return UpdateResult(
             logp_hat=logp_hat,
             steps=steps,
-            loss=stats["loss"],
-            clip_fraction=stats["clip_fraction"],
+            loss=attempts[-1].loss if attempts else 0.0,
+            clip_fraction=attempts[-1].clip_fraction if attempts else 0.0,
             tokens=tokens,
             seconds=time.perf_counter() - started,
         )
 
-    def _reference_model(self) -> torch.nn.Module:
-        """A frozen copy of the current (stage-start) weights, for the exact KL's π_cur logits."""
-        reference = copy.deepcopy(self.model)
-        reference.eval()
-        reference.requires_grad_(False)
-        return reference
-
-    def _per_token_kl(self, logp_vocabulary, logp, logp_cur_rows, batch, reference) -> torch.Tensor:
-        """KL(π_θ ‖ π_cur) per response token, [n, T_mb]; logp_vocabulary [n, T_mb, V] is
-        π_θ's at the sampling temperature (computed once, for the loss and the KL)."""
-        if reference is None:
-            return kl_k3(logp, logp_cur_rows.to(logp.device))
-        with torch.no_grad():
-            reference_logp = vocabulary_logprobs(
-                response_logits(reference, batch), self.spec.temperature
+    def _update_micro_batches(self, trajectories: list[Trajectory]) -> list[MicroBatch]:
+        """The micro-batches that hold agent i's tokens, padded once for every attempt, each
+        weighted by its share of the loss's normaliser (tokens or sequences)."""
+        micro_batches = []
+        for rows, batch in self._micro_batches(trajectories):
+            mask = owner_mask(batch.owner_ids, [self.spec.agent_index], batch.response_mask)
+            count = (
+                mask.sum()
+                if self.spec.loss.aggregation == "token_mean"
+                else (mask.sum(-1) > 0).sum()
             )
-        return kl_exact_from_logprobs(logp_vocabulary, reference_logp)
+            if count > 0:
+                micro_batches.append(MicroBatch(rows, batch, mask, float(count)))
+        total = sum(mb.weight for mb in micro_batches)
+        for mb in micro_batches:
+            mb.weight /= total
+        return micro_batches
+
+    def _attempt(
+        self,
+        micro_batches: list[MicroBatch],
+        logp_cur: torch.Tensor,
+        A: torch.Tensor,
+        c: torch.Tensor,
+        reference: StageReference | None,
+        step: int,
+        beta: float,
+        step_scale: float,
+    ) -> Attempt:
+        """One AdamW step on the loss of DESIGN §4 with KL penalty β and the learning rate
+        scaled by step_scale, then the KL quantile q and the new log-probs."""
+        spec = self.spec
+        for group in self.optimizer.param_groups:
+            group["lr"] = spec.optimizer.lr * step_scale
+        self.optimizer.zero_grad(set_to_none=True)
+        # The first step starts at π_cur, where KL(π_θ ‖ π_cur) and its gradient are exactly 0
+        # (a backtrack restores that point): only later steps pay for the penalty.
+        penalise = beta > 0 and step > 0
+        loss_sum = torch.zeros((), device=self.device)
+        clip_sum = 0.0
+        for index, mb in enumerate(micro_batches):
+            with self.autocast():
+                logp, per_token_kl = self._logprobs_and_kl(
+                    mb, index, logp_cur, reference, record_reference=step == 0, with_kl=penalise
+                )
+            pl = policy_loss(
+                logp,
+                logp_cur[mb.rows, : mb.mask.shape[1]].to(self.device),
+                A[mb.rows].to(self.device),
+                mb.mask,
+                c=c[mb.rows].to(self.device),
+                ratio=spec.loss.ratio,
+                eps_low=spec.loss.eps_low,
+                eps_high=spec.loss.eps_high,
+                dual_clip=spec.loss.dual_clip,
+                aggregation=spec.loss.aggregation,
+            )
+            loss = pl.loss
+            if penalise:
+                loss = loss + kl_penalty(per_token_kl, mb.mask, beta)
+            (loss * mb.weight).backward()
+            loss_sum += loss.detach() * mb.weight
+            clip_sum += pl.clip_fraction * mb.weight
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.optimizer.grad_clip)
+        self.optimizer.step()
+        q, logp_new = self._kl_quantile_and_logprobs(micro_batches, logp_cur, reference)
+        return Attempt(float(loss_sum), clip_sum, q, logp_new)
+
+    def _logprobs_and_kl(
+        self,
+        mb: MicroBatch,
+        index: int,
+        logp_cur: torch.Tensor,
+        reference: StageReference | None,
+        record_reference: bool = False,
+        with_kl: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log π_θ of the micro-batch's response tokens [n, T_mb] and, if with_kl, the per-token
+        KL(π_θ ‖ π_cur) [n, T_mb]: exact over the vocabulary, or k3 on the sampled tokens."""
+        where = response_positions(mb.batch)
+        hidden = response_hidden_states(self.model, mb.batch)[where]
+        if reference is not None and record_reference and index not in reference.hidden:
+            reference.hidden[index] = hidden.detach().to(self.compute_dtype)
+        exact = with_kl and reference is not None
+        logp, kl = chunked_logprobs_and_kl(
+            hidden,
+            mb.batch.response_ids[where],
+            output_layer(self.model),
+            self.spec.temperature,
+            reference_hidden=reference.hidden[index] if exact else None,
+            reference=reference.layer if exact else None,
+            chunk_tokens=self.spec.logit_chunk_tokens,
+        )
+        logp = scatter_response(logp, where)
+        if not with_kl:
+            return logp, None
+        if exact:
+            return logp, scatter_response(kl, where)
+        return logp, kl_k3(logp, logp_cur[mb.rows, : logp.shape[1]].to(logp.device))
 
     @torch.no_grad()
     def _kl_quantile_and_logprobs(
-        self, micro_batches, logp_cur, masks, reference
+        self,
+        micro_batches: list[MicroBatch],
+        logp_cur: torch.Tensor,
+        reference: StageReference | None,
     ) -> tuple[float, torch.Tensor]:
-        """After a step: q over the agent's sequences, and the new log-probs [N, T]."""
+        """After a step: q over the agent's sequences, and the new log-probs [N, T] (rows
+        without agent i's tokens keep logp_cur)."""
         seq_kls = []
-        logp_new = torch.zeros_like(logp_cur)
-        for (rows, batch), mask in zip(micro_batches, masks, strict=True):
-            logp_vocabulary = vocabulary_logprobs(
-                response_logits(self.model, batch), self.spec.temperature
-            )
-            logp = gather_token_logprobs(logp_vocabulary, batch.response_ids)
-            logp_new[rows, : logp.shape[1]] = logp.float().cpu()
-            per_token_kl = self._per_token_kl(
-                logp_vocabulary, logp, logp_cur[rows, : logp.shape[1]], batch, reference
-            )
-            owns = mask.sum(-1) > 0
-            seq_kls.append(sequence_kl(per_token_kl, mask)[owns].float().cpu())
-        q = kl_quantile(torch.cat(seq_kls), self.spec.alpha)
+        logp_new = logp_cur.clone()
+        for index, mb in enumerate(micro_batches):
+            with self.autocast():
+                logp, per_token_kl = self._logprobs_and_kl(mb, index, logp_cur, reference)
+            logp_new[mb.rows, : logp.shape[1]] = logp.cpu()
+            owns = mb.mask.sum(-1) > 0
+            seq_kls.append(sequence_kl(per_token_kl, mb.mask)[owns].float().cpu())
+        q = kl_quantile(torch.cat(seq_kls), self.spec.trust_region.alpha)
         return q, logp_new
 
     # --- weights and state ---------------------------------------------------------------------
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The current weights as CPU tensors, named as in the HF model (for rollout engines)."""
+        """The current weights as CPU tensors in the save dtype, named as in the HF model (what
+        rollout engines load)."""
         return {
-            name: tensor.detach().to("cpu", copy=True)
+            name: tensor.detach().to("cpu", self.save_dtype, copy=True)
             for name, tensor in self.model.state_dict().items()
         }
 
     def save_pretrained(self, directory: str) -> str:
-        """An HF directory (weights + tokenizer) loadable by transformers and vLLM."""
+        """An HF directory (weights in the save dtype + tokenizer) loadable by transformers and
+        vLLM."""
         Path(directory).mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory)
+        weights, seen = self.weights(), set()
+        for name, tensor in self.model.state_dict().items():  # tied weights are saved once
+            if tensor.data_ptr() in seen:
+                del weights[name]
+            seen.add(tensor.data_ptr())
+        self.model.save_pretrained(directory, state_dict=weights)
+        config = copy.deepcopy(self.model.config)
+        config.dtype = self.save_dtype  # save_pretrained wrote the master weights' float32
+        config.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
         return directory
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything resume needs: weights, optimiser, β_i, the value head and torch's RNG."""
+        """Everything resume needs: float32 master weights, optimiser, β_i, the value head and
+        torch's RNG."""
         return {
-            "model": self.weights(),
+            "model": {
+                name: tensor.detach().to("cpu", copy=True)
+                for name, tensor in self.model.state_dict().items()
+            },
             "optimizer": self.optimizer.state_dict(),
             "trust_region": self.region.state_dict(),
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,

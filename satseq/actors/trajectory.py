@@ -76,14 +76,16 @@ class Trajectory:
 class PaddedBatch:
     """Trajectories as right-padded tensors: input_ids = prompt ‖ response, left-aligned.
 
-    input_ids, attention_mask [N, L]; response_start [N] is where each response begins;
-    response_ids, response_mask, owner_ids [N, T] are aligned to the response (padded with 0 /
-    0 / NO_OWNER). Log-probs of response token t come from logits at position start + t − 1.
+    input_ids, attention_mask [N, L]; response_start and response_lengths [N] are where each
+    response begins and how many tokens it has; response_ids, response_mask, owner_ids [N, T]
+    are aligned to the response (padded with 0 / 0 / NO_OWNER). Log-probs of response token t
+    come from logits at position start + t − 1.
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     response_start: torch.Tensor
+    response_lengths: torch.Tensor
     response_ids: torch.Tensor
     response_mask: torch.Tensor
     owner_ids: torch.Tensor
@@ -94,24 +96,25 @@ class PaddedBatch:
 
 
 def pad_batch(trajectories: list[Trajectory], pad_token_id: int) -> PaddedBatch:
-    N = len(trajectories)
+    """The trajectories as a PaddedBatch on the CPU (`.to(device)` moves it)."""
     L = max(len(t.prompt_ids) + len(t.response_ids) for t in trajectories)
     T = max(max(len(t.response_ids) for t in trajectories), 1)
-    input_ids = torch.full((N, L), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros(N, L, dtype=torch.long)
-    response_ids = torch.full((N, T), pad_token_id, dtype=torch.long)
-    response_mask = torch.zeros(N, T)
-    owner_ids = torch.full((N, T), NO_OWNER, dtype=torch.long)
-    response_start = torch.zeros(N, dtype=torch.long)
-    for i, t in enumerate(trajectories):
-        sequence = t.prompt_ids + t.response_ids
-        input_ids[i, : len(sequence)] = torch.tensor(sequence)
-        attention_mask[i, : len(sequence)] = 1
-        response_start[i] = len(t.prompt_ids)
-        n = len(t.response_ids)
-        response_ids[i, :n] = torch.tensor(t.response_ids, dtype=torch.long)
-        response_mask[i, :n] = torch.tensor(t.response_mask, dtype=torch.float32)
-        owner_ids[i, :n] = torch.tensor(t.owner_ids, dtype=torch.long)
+
+    def rows(values, width: int, fill, dtype) -> torch.Tensor:
+        padded = [list(v) + [fill] * (width - len(v)) for v in values]
+        return torch.tensor(padded, dtype=dtype, device="cpu")
+
+    sequences = [t.prompt_ids + t.response_ids for t in trajectories]
     return PaddedBatch(
-        input_ids, attention_mask, response_start, response_ids, response_mask, owner_ids
+        input_ids=rows(sequences, L, pad_token_id, torch.long),
+        attention_mask=rows([[1] * len(s) for s in sequences], L, 0, torch.long),
+        response_start=torch.tensor(
+            [len(t.prompt_ids) for t in trajectories], dtype=torch.long, device="cpu"
+        ),
+        response_lengths=torch.tensor(
+            [len(t.response_ids) for t in trajectories], dtype=torch.long, device="cpu"
+        ),
+        response_ids=rows([t.response_ids for t in trajectories], T, pad_token_id, torch.long),
+        response_mask=rows([t.response_mask for t in trajectories], T, 0, torch.float32),
+        owner_ids=rows([t.owner_ids for t in trajectories], T, NO_OWNER, torch.long),
     )

@@ -6,8 +6,10 @@ import torch
 
 
 def vocabulary_logprobs(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log π(· | y_<t) over the whole vocabulary at `temperature`, [B, T, V]."""
-    return torch.log_softmax(logits.float() / temperature, dim=-1)
+    """log π(· | y_<t) over the whole vocabulary at `temperature`, [B, T, V], in float32 (or
+    the logits' wider dtype)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return torch.log_softmax(logits / temperature, dim=-1)
 
 
 def token_logprobs(

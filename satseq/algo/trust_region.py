@@ -108,19 +108,72 @@ def trust_region_step(
             return StepOutcome(decision, region.backtracks, quantiles, region.beta)
 
 
+class TrainingSnapshot:
+    """Weights and optimiser state kept off the accelerator, in CPU buffers reused across steps
+    (pinned where the source is on a GPU, so the copies run asynchronously on its stream).
+
+    `save` copies into the buffers (one per tensor, allocated on first use); `restore` copies
+    them back. Stream order makes the asynchronous device-to-host copies finish before the
+    optimiser step that follows overwrites the source; the host waits only in `restore`.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self.model: dict[str, torch.Tensor] = {}
+        self.optimizer: dict[str, Any] = {}
+
+    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainingSnapshot:
+        self.model = {
+            name: self._copy_out(f"model/{name}", tensor)
+            for name, tensor in model.state_dict().items()
+        }
+        self.optimizer = self._copy_tree("optimizer", optimizer.state_dict())
+        return self
+
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if any(buffer.is_pinned() for buffer in self._buffers.values()):
+            torch.cuda.synchronize()  # the host reads the pinned buffers below
+        model.load_state_dict(self.model)  # copies into the parameters, on their device
+        # load_state_dict keeps tensors already on the parameters' device as they are: a deep
+        # copy keeps the optimiser's in-place updates out of the buffers
+        optimizer.load_state_dict(copy.deepcopy(self.optimizer))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(buffer.nbytes for buffer in self._buffers.values())
+
+    def _copy_out(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach()
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(
+                tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=tensor.is_cuda
+            )
+            self._buffers[key] = buffer
+        return buffer.copy_(tensor, non_blocking=buffer.is_pinned())
+
+    def _copy_tree(self, key: str, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self._copy_out(key, value)
+        if isinstance(value, dict):
+            return {k: self._copy_tree(f"{key}/{k}", v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self._copy_tree(f"{key}/{i}", v) for i, v in enumerate(value))
+        return copy.deepcopy(value)
+
+
 def snapshot_training_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> dict[str, Any]:
-    """A deep copy of the model's weights and the optimiser's state, on their own devices."""
-    return {
-        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "optimizer": copy.deepcopy(optimizer.state_dict()),
-    }
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    into: TrainingSnapshot | None = None,
+) -> TrainingSnapshot:
+    """The model's weights and the optimiser's state, copied off the accelerator (into the
+    buffers of `into` when given, so a learner allocates them once)."""
+    return (into or TrainingSnapshot()).save(model, optimizer)
 
 
 def restore_training_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, snapshot: dict[str, Any]
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, snapshot: TrainingSnapshot
 ) -> None:
     """Put back exactly what `snapshot_training_state` saved."""
-    model.load_state_dict(snapshot["model"])
-    optimizer.load_state_dict(copy.deepcopy(snapshot["optimizer"]))
+    snapshot.restore(model, optimizer)

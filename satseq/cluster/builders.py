@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from functools import partial
 
-from satseq.actors.learner import LearnerSpec, LossSpec
+from satseq.actors.learner import LearnerSpec, LossSpec, OptimizerSpec, TrustRegionSpec
 from satseq.actors.trajectory import SamplingSpec
 from satseq.config import RunConfig
 from satseq.data import (
@@ -90,7 +90,7 @@ def eval_sampling_spec(config: RunConfig) -> SamplingSpec:
 
 
 def loss_spec(config: RunConfig) -> LossSpec:
-    """The policy loss `algorithm.name` trains with (DESIGN §4)."""
+    """The policy loss of `algorithm.name`, from that algorithm's own section (DESIGN §4)."""
     name = config.algorithm.name
     if name == "spo":  # token-level PPO-clip, clip-higher, dual-clip, token-mean
         spo = config.spo
@@ -121,13 +121,36 @@ def loss_spec(config: RunConfig) -> LossSpec:
     )
 
 
+def trust_region_spec(config: RunConfig) -> TrustRegionSpec:
+    """SAT-Seq's quantile-KL trust region (`algorithm.kl_ctrl`, backtracking from `sat_seq`);
+    SPO and GRPO take plain steps."""
+    kl, s = config.algorithm.kl_ctrl, config.sat_seq
+    return TrustRegionSpec(
+        enabled=config.algorithm.name == "sat_seq",
+        kl_coef=kl.kl_coef,
+        target_kl=kl.target_kl,
+        alpha=1.0 - kl.quantile,
+        beta_growth=kl.beta_growth,
+        step_shrink=kl.step_shrink,
+        max_backtracks=s.max_backtracks,
+        on_exhausted=s.on_exhausted,
+    )
+
+
+def optimizer_spec(config: RunConfig) -> OptimizerSpec:
+    trainer = config.trainer
+    return OptimizerSpec(
+        lr=trainer.lr, weight_decay=trainer.weight_decay, grad_clip=trainer.grad_clip
+    )
+
+
 def gae_mode(config: RunConfig) -> bool:
     """SAT-Seq with `sat_seq.advantage: gae`: each learner holds a value head."""
     return config.algorithm.name == "sat_seq" and config.sat_seq.advantage == "gae"
 
 
 def learner_spec(config: RunConfig, agent_index: int, device: str, num_threads: int) -> LearnerSpec:
-    trainer, kl = config.trainer, config.algorithm.kl_ctrl
+    trainer = config.trainer
     dtype = (
         trainer.dtype
         if trainer.dtype != "auto"
@@ -137,23 +160,17 @@ def learner_spec(config: RunConfig, agent_index: int, device: str, num_threads: 
         model_path=config.team.agents[agent_index].path,
         agent_index=agent_index,
         loss=loss_spec(config),
+        trust_region=trust_region_spec(config),
+        optimizer=optimizer_spec(config),
         dtype=dtype,
+        save_dtype=trainer.save_dtype,
         device=device,
-        lr=trainer.lr,
-        weight_decay=trainer.weight_decay,
-        grad_clip=trainer.grad_clip,
         micro_batch_size=trainer.micro_batch_size,
+        max_tokens_per_micro_batch=trainer.max_tokens_per_micro_batch,
+        logit_chunk_tokens=trainer.logit_chunk_tokens,
         update_steps=trainer.update_steps,
         gradient_checkpointing=trainer.gradient_checkpointing,
         temperature=config.rollout.temperature,
-        kl_coef=kl.kl_coef,
-        target_kl=kl.target_kl,
-        alpha=1.0 - kl.quantile,
-        beta_growth=kl.beta_growth,
-        step_shrink=kl.step_shrink,
-        max_backtracks=config.sat_seq.max_backtracks,
-        on_exhausted=config.sat_seq.on_exhausted,
-        trust_region=config.algorithm.name == "sat_seq",
         value_lr=config.sat_seq.value_lr if gae_mode(config) else None,
         value_steps=config.sat_seq.value_steps,
         seed=trainer.seed + agent_index,

@@ -242,8 +242,21 @@ class TrainerConfig(Section):
     lr: float = Field(1e-5, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="also cap a micro-batch's padded tokens (prompt + response)"
+    )
+    logit_chunk_tokens: int = Field(
+        1024, ge=1, description="response tokens per output-layer chunk: logits are [chunk, V]"
+    )
     gradient_checkpointing: bool = False
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="compute dtype (autocast); master weights and AdamW state are float32. "
+        "auto: bfloat16 on a GPU, float32 on the CPU",
+    )
+    save_dtype: Literal["float32", "bfloat16"] | None = Field(
+        None, description="HF checkpoints and engine weights; default: the compute dtype"
+    )
     save_every: int = Field(5, ge=1)
     val_every: int = Field(
         0, ge=0, description="validate on data.val_files every N stages and at the end; 0: never"

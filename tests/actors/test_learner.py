@@ -4,7 +4,13 @@ restore, micro-batch accumulation and state round trips."""
 import pytest
 import torch
 
-from satseq.actors.learner import Learner, LearnerSpec, LossSpec
+from satseq.actors.learner import (
+    Learner,
+    LearnerSpec,
+    LossSpec,
+    OptimizerSpec,
+    TrustRegionSpec,
+)
 from satseq.actors.trajectory import Trajectory, pad_batch
 from satseq.algo.logprobs import token_logprobs
 
@@ -28,8 +34,16 @@ def trajectories(tokenizer, owners=(0, 0, 0, 0)):
     return out
 
 
-def make_learner(path, **overrides):
-    spec = dict(model_path=path, agent_index=0, lr=1e-2, target_kl=10.0, micro_batch_size=4)
+def make_learner(path, lr=1e-2, target_kl=10.0, max_backtracks=3, kl_coef=0.01, **overrides):
+    spec = dict(
+        model_path=path,
+        agent_index=0,
+        micro_batch_size=4,
+        optimizer=OptimizerSpec(lr=lr),
+        trust_region=TrustRegionSpec(
+            target_kl=target_kl, max_backtracks=max_backtracks, kl_coef=kl_coef
+        ),
+    )
     spec.update(overrides)
     return Learner(LearnerSpec(**spec))
 

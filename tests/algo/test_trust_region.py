@@ -69,9 +69,9 @@ def test_rejected_step_restores_weights_and_optimizer_state():
     assert outcome.backtracks == 2 and len(outcome.kl_quantiles) == 3
     assert [beta for beta, _ in betas_seen] == pytest.approx([0.1, 0.15, 0.225])
     assert [scale for _, scale in betas_seen] == [1.0, 0.5, 0.25]  # each retry halves the step
-    assert _state_equal(model.state_dict(), before["model"])
+    assert _state_equal(model.state_dict(), before.model)
     after_opt = optimizer.state_dict()["state"]
-    for key, state in before["optimizer"]["state"].items():
+    for key, state in before.optimizer["state"].items():
         assert torch.equal(after_opt[key]["exp_avg"], state["exp_avg"])
         assert torch.equal(after_opt[key]["step"], state["step"])
     # β persists into the next step
@@ -96,9 +96,30 @@ def test_step_accepted_after_backtrack_keeps_new_weights():
     )
     assert outcome.decision is StepDecision.ACCEPT and outcome.applied
     assert outcome.backtracks == 1 and outcome.kl_quantiles == [0.3, 0.05]
-    assert not _state_equal(model.state_dict(), before["model"])
+    assert not _state_equal(model.state_dict(), before.model)
     # exactly one step's worth of AdamW state: the violating attempt left no trace
     assert all(int(s["step"]) == 1 for s in optimizer.state_dict()["state"].values())
+
+
+def test_snapshot_reuses_its_cpu_buffers_and_survives_steps_after_a_restore():
+    """A learner snapshots before every step: the buffers are allocated once, and a restore
+    must not hand them to the optimiser (its in-place updates would corrupt the snapshot)."""
+    model, optimizer = _model_and_optimizer()
+    _sgd_step(model, optimizer)
+    snapshot = snapshot_training_state(model, optimizer)
+    buffers = {key: buffer.data_ptr() for key, buffer in snapshot._buffers.items()}
+    saved = {k: v.clone() for k, v in snapshot.model.items()}
+    exp_avg = {k: s["exp_avg"].clone() for k, s in snapshot.optimizer["state"].items()}
+    for _ in range(2):  # step, restore, step again: the second restore still sees the first state
+        _sgd_step(model, optimizer)
+        restore_training_state(model, optimizer, snapshot)
+    assert _state_equal(model.state_dict(), saved)
+    for key, state in optimizer.state_dict()["state"].items():
+        assert torch.equal(state["exp_avg"], exp_avg[key])
+    assert snapshot_training_state(model, optimizer, into=snapshot) is snapshot
+    assert {key: buffer.data_ptr() for key, buffer in snapshot._buffers.items()} == buffers
+    assert all(buffer.device.type == "cpu" for buffer in snapshot._buffers.values())
+    assert snapshot.nbytes == sum(b.nbytes for b in snapshot._buffers.values()) > 0
 
 
 def test_state_dict_round_trip():

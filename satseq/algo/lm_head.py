@@ -1,0 +1,104 @@
+"""Token log-probs and the exact vocabulary KL from final hidden states, a chunk at a time.
+
+The learner never materialises logits [batch, seq, vocabulary] (DESIGN §11 "Memory"): it takes
+the last hidden state h_t [M, H] at the M response states only, and applies the output layer
+W [V, H] (and its bias) to `chunk_tokens` states at a time. Each chunk's logits [m, V] live only
+inside that chunk: under autograd the chunk is checkpointed, so its backward recomputes the
+logits instead of keeping them, and the peak is one chunk's [m, V] in float32, not [M, V].
+
+Logits are upcast to float32 before the softmax (bf16 log-softmax over 150k entries loses the
+small probabilities the ratio and KL are made of).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+DEFAULT_CHUNK_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class OutputLayer:
+    """The output projection logits = h W^T + b, as plain tensors (W [V, H], b [V] or None)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+
+    def logprobs(self, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
+        """log π(· | s) at `temperature` for hidden states [m, H] → [m, V], float32 or wider."""
+        logits = torch.nn.functional.linear(hidden, self.weight, self.bias)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return torch.log_softmax(logits / temperature, dim=-1)
+
+    def detached_copy(self) -> OutputLayer:
+        """A frozen copy (the stage-start π_cur's output layer, kept while W trains)."""
+        return OutputLayer(
+            self.weight.detach().clone(), None if self.bias is None else self.bias.detach().clone()
+        )
+
+
+def _chunk_logprob_and_kl(
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    layer: OutputLayer,
+    temperature: float,
+    reference_hidden: torch.Tensor | None,
+    reference: OutputLayer | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk: log π_θ(y_t | s_t) [m] and KL(π_θ ‖ π_cur)(s_t) [m] (zeros without reference)."""
+    logp_vocabulary = layer.logprobs(hidden, temperature)
+    logp = logp_vocabulary.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    if reference is None:
+        return logp, torch.zeros_like(logp)
+    with torch.no_grad():
+        reference_logp = reference.logprobs(reference_hidden, temperature)
+    # KL(π_θ ‖ π_cur)(s) = Σ_v π_θ(v|s) (log π_θ(v|s) − log π_cur(v|s))   (DESIGN §4 trust region)
+    kl = (logp_vocabulary.exp() * (logp_vocabulary - reference_logp)).sum(-1)
+    return logp, kl
+
+
+def chunked_logprobs_and_kl(
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    layer: OutputLayer,
+    temperature: float = 1.0,
+    reference_hidden: torch.Tensor | None = None,
+    reference: OutputLayer | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π_θ(y_t | s_t) [M] and, given π_cur's hidden states and output layer, the exact
+    per-state KL(π_θ ‖ π_cur) [M] (else None).
+
+    hidden, reference_hidden [M, H]; tokens [M]. Gradients flow into `hidden` and `layer`;
+    π_cur's side is constant. Both outputs are float32 (or the inputs' wider dtype).
+    """
+    if (reference is None) != (reference_hidden is None):
+        raise ValueError("the exact KL needs both π_cur's hidden states and its output layer")
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
+    logps, kls = [], []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        rows = slice(start, start + chunk_tokens)
+        args = (
+            hidden[rows],
+            tokens[rows],
+            layer,
+            temperature,
+            None if reference_hidden is None else reference_hidden[rows],
+            reference,
+        )
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            # keep only the chunk's inputs for backward; its [m, V] logits are recomputed there
+            logp, kl = checkpoint(_chunk_logprob_and_kl, *args, use_reentrant=False)
+        else:
+            logp, kl = _chunk_logprob_and_kl(*args)
+        logps.append(logp)
+        kls.append(kl)
+    empty = hidden.new_zeros(0, dtype=torch.promote_types(hidden.dtype, torch.float32))
+    logp = torch.cat(logps) if logps else empty
+    if reference is None:
+        return logp, None
+    return logp, torch.cat(kls) if kls else empty
