@@ -297,7 +297,11 @@ class Learner:
         micro_batches = self._update_micro_batches(trajectories)
         tokens = int(sum(float(mb.mask.sum()) for mb in micro_batches))
         exact_kl = spec.loss.kl_estimator == "exact"
-        reference = StageReference(output_layer(self.model).detached_copy()) if exact_kl else None
+        reference = (
+            StageReference(output_layer(self.model).detached_copy(self.compute_dtype))
+            if exact_kl
+            else None
+        )
         logp_hat = logp_cur.clone()  # the agent's tokens under its unchanged weights
         steps: list[StepOutcome] = []
         attempts: list[Attempt] = []

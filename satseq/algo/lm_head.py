@@ -33,11 +33,12 @@ class OutputLayer:
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         return torch.log_softmax(logits / temperature, dim=-1)
 
-    def detached_copy(self) -> OutputLayer:
-        """A frozen copy (the stage-start π_cur's output layer, kept while W trains)."""
-        return OutputLayer(
-            self.weight.detach().clone(), None if self.bias is None else self.bias.detach().clone()
-        )
+    def detached_copy(self, dtype: torch.dtype | None = None) -> OutputLayer:
+        """A frozen copy (the stage-start π_cur's output layer, kept while W trains), in
+        `dtype` if given (under autocast the matmul runs in it anyway)."""
+        dtype = dtype or self.weight.dtype
+        bias = None if self.bias is None else self.bias.detach().to(dtype, copy=True)
+        return OutputLayer(self.weight.detach().to(dtype, copy=True), bias)
 
 
 def _chunk_logprob_and_kl(
