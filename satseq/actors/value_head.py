@@ -23,8 +23,10 @@ class ValueHead:
         self.optimizer = torch.optim.AdamW(self.linear.parameters(), lr=lr, weight_decay=0.0)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        """V(s_t) [n, T] from the hidden states [n, T, H] (kept float32 whatever their dtype)."""
-        return self.linear(hidden.detach().float()).squeeze(-1)
+        """V(s_t) [n, T] from the hidden states [n, T, H], in float32 whatever their dtype (and
+        outside the learner's autocast, so fitting and predicting compute alike)."""
+        with torch.autocast(hidden.device.type, enabled=False):
+            return self.linear(hidden.detach().float()).squeeze(-1)
 
     def fit(
         self, hidden: list[torch.Tensor], returns: list[torch.Tensor], masks: list[torch.Tensor]
