@@ -17,6 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from satseq.algo.kl import kl_exact_from_logprobs
+from satseq.algo.logprobs import gather_token_logprobs, vocabulary_logprobs
+
 DEFAULT_CHUNK_TOKENS = 1024
 
 
@@ -29,9 +32,9 @@ class OutputLayer:
 
     def logprobs(self, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
         """log π(· | s) at `temperature` for hidden states [m, H] → [m, V], float32 or wider."""
-        logits = torch.nn.functional.linear(hidden, self.weight, self.bias)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        return torch.log_softmax(logits / temperature, dim=-1)
+        return vocabulary_logprobs(
+            torch.nn.functional.linear(hidden, self.weight, self.bias), temperature
+        )
 
     def detached_copy(self, dtype: torch.dtype | None = None) -> OutputLayer:
         """A frozen copy (the stage-start π_cur's output layer, kept while W trains), in
@@ -51,14 +54,12 @@ def _chunk_logprob_and_kl(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk: log π_θ(y_t | s_t) [m] and KL(π_θ ‖ π_cur)(s_t) [m] (zeros without reference)."""
     logp_vocabulary = layer.logprobs(hidden, temperature)
-    logp = logp_vocabulary.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    logp = gather_token_logprobs(logp_vocabulary, tokens)
     if reference is None:
         return logp, torch.zeros_like(logp)
     with torch.no_grad():
         reference_logp = reference.logprobs(reference_hidden, temperature)
-    # KL(π_θ ‖ π_cur)(s) = Σ_v π_θ(v|s) (log π_θ(v|s) − log π_cur(v|s))   (DESIGN §4 trust region)
-    kl = (logp_vocabulary.exp() * (logp_vocabulary - reference_logp)).sum(-1)
-    return logp, kl
+    return logp, kl_exact_from_logprobs(logp_vocabulary, reference_logp)  # DESIGN §4 KL
 
 
 def chunked_logprobs_and_kl(
