@@ -3,7 +3,10 @@
 Every row must carry `prompt` (the raw problem text) and `score`; a row that does not stops the
 merge with its file:line. What could silently skew the prior is reported instead of hidden:
 
-- duplicate rows (the same row twice, e.g. one subset estimated into two directories) count once;
+- a file seen twice (the same bytes under another name) counts once;
+- a row that carries a sample identity (`sample_index`, as `estimate` writes) and repeats an
+  earlier row exactly counts once; rows without one are never merged, since 8 samples of a
+  prompt with the same score are 8 observations, not one;
 - prompts found in more than one file (subsets should not overlap) pool their scores;
 - a prompt whose rows give different reference answers (the same problem text asked twice);
 - with a dataset, its prompts that have no scores (they will get the 0.5/0.5 prior).
@@ -37,8 +40,9 @@ class MergeReport:
     values: dict[str, list[float]]  # as written: at most max_scores_per_prompt scores each
     max_scores_per_prompt: int
     num_subsampled: int  # prompts that had more scores than the cap
-    # (location of the repeat, location of the first) for each row seen before
+    # (location of the repeat, location of the first) for each row or file seen before
     duplicate_rows: list[tuple[str, str]] = field(default_factory=list)
+    duplicate_files: list[tuple[Path, Path]] = field(default_factory=list)
     files_of_shared_prompts: dict[str, list[Path]] = field(default_factory=dict)
     conflicting_answers: dict[str, list[str]] = field(default_factory=dict)
     missing_prompts: list[str] | None = None  # dataset prompts with no scores (None: no dataset)
@@ -60,6 +64,12 @@ class MergeReport:
 
     def warning_lines(self) -> list[str]:
         lines = []
+        if self.duplicate_files:
+            repeat, first = self.duplicate_files[0]
+            lines.append(
+                f"duplicate files: {len(self.duplicate_files)}, counted once (the first: "
+                f"{repeat} repeats {first})"
+            )
         if self.duplicate_rows:
             repeat, first = self.duplicate_rows[0]
             lines.append(
@@ -120,16 +130,23 @@ def merge_offline_values(
     files_of: dict[str, list[Path]] = defaultdict(list)
     answers_of: dict[str, list[str]] = defaultdict(list)
     first_location: dict[bytes, str] = {}
+    first_file: dict[bytes, Path] = {}
     for file in files:
+        file_digest = hashlib.blake2b(file.read_bytes()).digest()
+        if file_digest in first_file:
+            report.duplicate_files.append((file, first_file[file_digest]))
+            continue
+        first_file[file_digest] = file
         for row in read_rows(file):
             report.num_rows += 1
             prompt, score = _prompt_and_score(row.location, row.fields, row.read_error)
-            # A digest, not the row: rows carry whole responses and there may be 100k of them.
-            digest = hashlib.blake2b(json.dumps(row.fields, sort_keys=True).encode()).digest()
-            if digest in first_location:
-                report.duplicate_rows.append((row.location, first_location[digest]))
-                continue
-            first_location[digest] = row.location
+            if "sample_index" in row.fields:  # a sample with an identity: a repeat is a copy
+                # A digest, not the row: rows carry whole responses and there may be 100k.
+                digest = hashlib.blake2b(json.dumps(row.fields, sort_keys=True).encode()).digest()
+                if digest in first_location:
+                    report.duplicate_rows.append((row.location, first_location[digest]))
+                    continue
+                first_location[digest] = row.location
             scores_of[prompt].append(score)
             if file not in files_of[prompt]:
                 files_of[prompt].append(file)

@@ -72,6 +72,28 @@ def test_duplicate_rows_count_once(tmp_path):
     )
 
 
+def test_equal_rows_without_a_sample_identity_are_each_a_score(tmp_path):
+    """8 samples of one prompt that all scored 1, from a tool that writes no sample_index, are
+    8 observations: merging them into one would turn the prior's n0 = 8 into n0 = 1."""
+    same = [{"prompt": "What is 0 + 1?", "score": 1}] * 8
+    write_subset_results(tmp_path, 0, same)
+    report = merge_offline_values(tmp_path, tmp_path / "values.json")
+    assert report.values == {"What is 0 + 1?": [1.0] * 8}
+    assert report.duplicate_rows == [] and report.duplicate_files == []
+
+
+def test_a_file_seen_twice_counts_once_and_is_reported(tmp_path):
+    same = [{"prompt": "What is 0 + 1?", "score": 1}] * 3
+    first = write_subset_results(tmp_path, 0, same)
+    second = write_subset_results(tmp_path, 1, same)
+    report = merge_offline_values(tmp_path, tmp_path / "values.json")
+    assert report.values == {"What is 0 + 1?": [1.0] * 3}
+    assert report.duplicate_files == [(second, first)]
+    assert report.warning_lines()[0] == (
+        f"duplicate files: 1, counted once (the first: {second} repeats {first})"
+    )
+
+
 def test_a_prompt_in_two_subsets_pools_its_scores_and_is_reported(tmp_path):
     first = write_subset_results(tmp_path, 0, rows("What is 0 + 1?", [1, 1]))
     second = write_subset_results(tmp_path, 1, rows("What is 0 + 1?", [0], first_index=2))
