@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,28 +50,30 @@ def test_ray_job_submit_runs_training_on_a_loopback_cluster(tmp_path, built_quic
     )
     try:
         output_dir = tmp_path / "job_run"
-        job = subprocess.run(
-            [
-                RAY,
-                "job",
-                "submit",
-                f"--address=http://127.0.0.1:{dashboard_port}",
-                "--working-dir",
-                str(REPO),
-                "--",
-                "satseq",
-                "train",
-                *SHORT_RUN,
-                "--set",
-                "trainer.stages=1",
-                "--output-dir",
-                str(output_dir),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            env=env,
-        )
+        submit = [
+            RAY,
+            "job",
+            "submit",
+            f"--address=http://127.0.0.1:{dashboard_port}",
+            "--working-dir",
+            str(REPO),
+            "--",
+            "satseq",
+            "train",
+            *SHORT_RUN,
+            "--set",
+            "trainer.stages=1",
+            "--output-dir",
+            str(output_dir),
+        ]
+        # Right after `ray start` the head's job agent may not be registered yet; Ray answers
+        # that with "No available agent ... try again later" (seen on a loaded 2-core machine).
+        deadline = time.monotonic() + 120
+        while True:
+            job = subprocess.run(submit, capture_output=True, text=True, timeout=900, env=env)
+            if "No available agent" not in job.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(5)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         assert "succeeded" in job.stdout
         assert [m["stage"] for m in read_metrics(output_dir)] == [0]
