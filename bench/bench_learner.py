@@ -93,8 +93,8 @@ def make_learner(args, path: str, mode: str):
 
     losses = {
         "exact": LossSpec(),
-        "k3": LossSpec(kl_estimator="k3"),
-        "plain": LossSpec(ratio="token", aggregation="token_mean", kl_estimator="k3"),
+        "k3": LossSpec(),
+        "plain": LossSpec(ratio="token", aggregation="token_mean"),
         "bare": LossSpec(),
     }
     return Learner(
@@ -103,7 +103,11 @@ def make_learner(args, path: str, mode: str):
             agent_index=0,
             loss=losses[mode],
             # a target no step reaches: each update is one accepted step, timed alike
-            trust_region=TrustRegionSpec(enabled=mode in ("exact", "k3"), target_kl=1e9),
+            trust_region=TrustRegionSpec(
+                enabled=mode in ("exact", "k3"),
+                target_kl=1e9,
+                kl_estimator="exact" if mode in ("exact", "bare") else "k3",
+            ),
             optimizer=OptimizerSpec(lr=1e-6),
             dtype=args.dtype,
             device=args.device,

@@ -31,10 +31,10 @@ import httpx
 import ray
 
 from satseq.actors.trajectory import SamplingSpec
-from satseq.cluster import builders
 from satseq.config import load_config
 from satseq.data import make_split, prompt_ids
 from satseq.evaluation import team_vote
+from satseq.launch import builders
 from satseq.models import resolve_model_path
 from satseq.serving.agent import AgentModel
 from satseq.serving.app import start_server

@@ -3,6 +3,8 @@
 import pytest
 import ray
 
+from satseq.models import build_tiny_model
+
 
 @pytest.fixture(scope="module")
 def ray_cluster():
@@ -10,3 +12,9 @@ def ray_cluster():
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def raw_tiny_model(tmp_path_factory):
+    """A tiny Qwen2 model with one warm-start step: builds in seconds, behaves like any policy."""
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", warm_start_steps=1))

@@ -55,7 +55,7 @@ sat_seq:
     assert config.algorithm.gamma == 0.9 and config.algorithm.lam == 0.8
     assert config.algorithm.kl_ctrl.quantile == 0.95 and config.algorithm.kl_ctrl.kl_coef == 0.02
     assert (config.sat_seq.epsilon, config.sat_seq.A_clip) == (0.3, 3.0)
-    assert (config.sat_seq.group_size, config.sat_seq.max_backtracks) == (4, 5)
+    assert (config.sat_seq.group_size, config.algorithm.kl_ctrl.max_backtracks) == (4, 5)
     assert [a.name for a in config.team.agents] == ["x", "y"]  # sat_seq.agents is the team
 
 

@@ -58,15 +58,16 @@ class LossSpec:
     eps_high: float = 0.2
     dual_clip: float | None = None
     aggregation: Aggregation = "seq_mean"
-    kl_estimator: Literal["exact", "k3"] = "exact"
 
 
 @dataclass(frozen=True)
 class TrustRegionSpec:
     """The quantile-KL trust region and its β_i (DESIGN §4). enabled=False: plain PPO steps,
-    no KL penalty, no backtracking (SPO, GRPO); q is still measured and logged."""
+    no KL penalty, no backtracking (SPO, GRPO); q is still measured and logged. kl_estimator:
+    the KL of the penalty and of q, exact over the vocabulary or k3 on the sampled tokens."""
 
     enabled: bool = True
+    kl_estimator: Literal["exact", "k3"] = "exact"
     kl_coef: float = 0.01  # the initial β_i
     target_kl: float = 0.05
     alpha: float = 0.1  # the KL quantile is the (1 − α) quantile
@@ -296,7 +297,7 @@ class Learner:
         spec = self.spec
         micro_batches = self._update_micro_batches(trajectories)
         tokens = int(sum(float(mb.mask.sum()) for mb in micro_batches))
-        exact_kl = spec.loss.kl_estimator == "exact"
+        exact_kl = spec.trust_region.kl_estimator == "exact"
         reference = (
             StageReference(output_layer(self.model).detached_copy(self.compute_dtype))
             if exact_kl
@@ -306,29 +307,11 @@ class Learner:
         steps: list[StepOutcome] = []
         attempts: list[Attempt] = []
         for step in range(spec.update_steps if micro_batches else 0):
-
-            def attempt(beta: float, step_scale: float, step: int = step) -> float:
-                attempts.append(
-                    self._attempt(micro_batches, logp_cur, A, c, reference, step, beta, step_scale)
-                )
-                return attempts[-1].kl_quantile
-
-            if spec.trust_region.enabled:
-                outcome = trust_region_step(
-                    self.region,
-                    attempt,
-                    save=lambda: snapshot_training_state(
-                        self.model, self.optimizer, into=self.snapshot
-                    ),
-                    restore=lambda snapshot: restore_training_state(
-                        self.model, self.optimizer, snapshot
-                    ),
-                )
-            else:  # every step is taken; q is still measured and logged
-                outcome = StepOutcome(StepDecision.ACCEPT, 0, [attempt(0.0, 1.0)], 0.0)
+            outcome, step_attempts = self._step(micro_batches, logp_cur, A, c, reference, step)
             steps.append(outcome)
+            attempts += step_attempts
             if outcome.applied:
-                logp_hat = attempts[-1].logp_new
+                logp_hat = step_attempts[-1].logp_new
         return UpdateResult(
             logp_hat=logp_hat,
             steps=steps,
@@ -337,6 +320,36 @@ class Learner:
             tokens=tokens,
             seconds=time.perf_counter() - started,
         )
+
+    def _step(
+        self,
+        micro_batches: list[MicroBatch],
+        logp_cur: torch.Tensor,
+        A: torch.Tensor,
+        c: torch.Tensor,
+        reference: StageReference | None,
+        step: int,
+    ) -> tuple[StepOutcome, list[Attempt]]:
+        """One step of the update. With the trust region: attempts until q ≤ target_kl, each
+        failure restoring the weights and optimiser and growing β (DESIGN §4); without: one
+        attempt, always kept (q is still measured). Returns the outcome and its attempts."""
+        attempts: list[Attempt] = []
+
+        def attempt(beta: float, step_scale: float) -> float:
+            attempts.append(
+                self._attempt(micro_batches, logp_cur, A, c, reference, step, beta, step_scale)
+            )
+            return attempts[-1].kl_quantile
+
+        if not self.spec.trust_region.enabled:
+            return StepOutcome(StepDecision.ACCEPT, 0, [attempt(0.0, 1.0)], 0.0), attempts
+        outcome = trust_region_step(
+            self.region,
+            attempt,
+            save=lambda: snapshot_training_state(self.model, self.optimizer, into=self.snapshot),
+            restore=lambda snapshot: restore_training_state(self.model, self.optimizer, snapshot),
+        )
+        return outcome, attempts
 
     def _update_micro_batches(self, trajectories: list[Trajectory]) -> list[MicroBatch]:
         """The micro-batches that hold agent i's tokens, padded once for every attempt, each

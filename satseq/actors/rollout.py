@@ -11,6 +11,8 @@ Ray actor. Give each actor a readable name in the Ray dashboard and logs when st
 
 With `tools` enabled (and a `sandbox`: a SandboxPool actor handle, or an in-process object with
 an async `execute`), every sample runs the agent loop of `tool_loop.ToolLoop` (DESIGN §5).
+With a `scorer`, the samples of a request that carries a `Reference` come back with their text
+and reward: rewards are computed where the rollout happens (DESIGN §3 step 3).
 """
 
 from __future__ import annotations
@@ -22,14 +24,13 @@ from typing import Any
 import ray
 import torch
 
+from satseq.actors.calls import ActorCalls, RayCalls
 from satseq.actors.engines import Engine, EngineKind, make_engine
 from satseq.actors.tool_loop import SandboxClient, ToolLoop
-from satseq.actors.trajectory import Generation, SamplingSpec
+from satseq.actors.trajectory import GenerateFn, Generation, GenerationRequest, SamplingSpec
 from satseq.config.schema import ToolConfig
 from satseq.models import load_tokenizer
-
-Request = tuple[str, list[int], int]
-"""(agent name, prompt token ids, number of samples)."""
+from satseq.rewards import RewardScorer
 
 
 class RolloutWorker:
@@ -47,6 +48,7 @@ class RolloutWorker:
         seed: int = 0,
         tools: ToolConfig | None = None,
         sandbox: Any = None,
+        scorer: RewardScorer | None = None,
     ) -> None:
         if not agent_paths:
             raise ValueError("a rollout worker needs at least one agent")
@@ -58,21 +60,25 @@ class RolloutWorker:
             name: make_engine(engine, path, seed=seed + k, **(engine_options or {}))
             for k, (name, path) in enumerate(agent_paths.items())
         }
+        self.tokenizers = {name: load_tokenizer(path) for name, path in agent_paths.items()}
+        self.scorer = scorer
         self.sandbox: SandboxClient | None = None
         self.tool_loops: dict[str, ToolLoop] = {}
         if use_tools:
             self.sandbox = SandboxClient(sandbox)
             self.tool_loops = {
-                name: ToolLoop(self.engines[name], load_tokenizer(path), self.sandbox, tools)
-                for name, path in agent_paths.items()
+                name: ToolLoop(self.engines[name], self.tokenizers[name], self.sandbox, tools)
+                for name in agent_paths
             }
 
     def ready(self) -> dict[str, Any]:
         """Returns once every engine has started: {"engine": kind, "agents": names}."""
         return {"engine": self.engine_kind, "agents": list(self.engines)}
 
-    def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Generation]]:
-        """result[r] holds the n samples of requests[r].
+    def generate(
+        self, requests: list[GenerationRequest], spec: SamplingSpec
+    ) -> list[list[Generation]]:
+        """result[r] holds the n samples of requests[r] (scored where it has a reference).
 
         Requests go to their agent's engine in one call per (agent, n), in first-seen order;
         with tools, to their agent's tool loop in one call per agent (the loop takes each
@@ -80,21 +86,53 @@ class RolloutWorker:
         calls do not share random draws and the same requests with the same seed give the same
         samples.
         """
+        requests = [GenerationRequest(*request) for request in requests]
         groups: dict[tuple[str, int | None], list[int]] = defaultdict(list)
-        for index, (agent, _, n) in enumerate(requests):
-            groups[(agent, None if self.tool_loops else n)].append(index)
+        for index, request in enumerate(requests):
+            groups[(request.agent, None if self.tool_loops else request.n)].append(index)
         results: list[list[Generation]] = [[] for _ in requests]
         for k, ((agent, n), indices) in enumerate(groups.items()):
             call_spec = spec if spec.seed is None else replace(spec, seed=spec.seed + k)
-            prompts = [requests[index][1] for index in indices]
+            prompts = [requests[index].prompt_ids for index in indices]
             engine = self._engine(agent)
             if n is None:
-                counts = [requests[index][2] for index in indices]
+                counts = [requests[index].n for index in indices]
                 samples = self.tool_loops[agent].generate(prompts, call_spec, counts)
             else:
                 samples = engine.generate(prompts, call_spec, n)
             for index, request_samples in zip(indices, samples, strict=True):
                 results[index] = request_samples
+        return self._scored(requests, results)
+
+    def _scored(
+        self, requests: list[GenerationRequest], results: list[list[Generation]]
+    ) -> list[list[Generation]]:
+        """The samples of requests with a reference, with their text and 0/1 reward (math-verify
+        or the config's reward function), scored as one batch."""
+        to_score = [
+            (r, j)
+            for r, request in enumerate(requests)
+            if request.reference is not None
+            for j in range(len(results[r]))
+        ]
+        if not to_score:
+            return results
+        if self.scorer is None:
+            raise ValueError("requests with a reference need a rollout worker with a scorer")
+        texts = [
+            self.tokenizers[requests[r].agent].decode(
+                results[r][j].token_ids, skip_special_tokens=True
+            )
+            for r, j in to_score
+        ]
+        scores = self.scorer.score_batch(
+            [requests[r].reference.problem for r, _ in to_score],
+            texts,
+            [requests[r].reference.answer for r, _ in to_score],
+        )
+        results = [list(samples) for samples in results]
+        for (r, j), text, reward in zip(to_score, texts, scores.scores, strict=True):
+            results[r][j] = replace(results[r][j], text=text, reward=float(reward))
         return results
 
     def load_weights(self, agent_name: str, weights: dict[str, torch.Tensor]) -> None:
@@ -113,25 +151,32 @@ class RolloutWorker:
             engine.close()
         if self.sandbox is not None:
             self.sandbox.close()
+        if self.scorer is not None:
+            self.scorer.close()
 
 
 RolloutActor = ray.remote(RolloutWorker)
 
-ACTOR_SEED_STRIDE = 7919  # actor j samples with spec.seed + 7919·j: no two share random draws
+ACTOR_SEED_STRIDE = 7919  # worker j samples with spec.seed + 7919·j: no two share random draws
 
 
-def spread_requests(actors: list[ray.actor.ActorHandle]):
-    """A `generate(requests, spec)` that deals requests round-robin over rollout actors and
-    returns the results in request order; a seeded spec is offset per actor."""
+def spread_requests(workers: list, calls: ActorCalls | None = None) -> GenerateFn:
+    """A `generate(requests, spec)` that deals requests round-robin over rollout workers (Ray
+    actors by default; plain `RolloutWorker`s with `InProcessCalls`) and returns the results in
+    request order; a seeded spec is offset per worker."""
+    calls = calls or RayCalls()
 
-    def generate(requests: list[Request], spec: SamplingSpec) -> list[list[Generation]]:
-        n = len(actors)
+    def generate(requests: list[GenerationRequest], spec: SamplingSpec) -> list[list[Generation]]:
+        n = len(workers)
         specs = [
             spec if spec.seed is None else replace(spec, seed=spec.seed + ACTOR_SEED_STRIDE * j)
             for j in range(n)
         ]
-        shards = ray.get(
-            [actor.generate.remote(requests[j::n], specs[j]) for j, actor in enumerate(actors)]
+        shards = calls.wait(
+            [
+                calls.start(worker, "generate", requests[j::n], specs[j])
+                for j, worker in enumerate(workers)
+            ]
         )
         return [shards[r % n][r // n] for r in range(len(requests))]
 

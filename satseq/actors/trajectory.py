@@ -6,7 +6,9 @@ Plain dataclasses of Python lists, so they cross Ray's object store cheaply and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -43,6 +45,31 @@ class Generation:
     # A float computed about the tokens, so it takes no part in comparing samples.
     logprob: float | None = field(default=None, compare=False)
     meta: dict = field(default_factory=dict)
+    # Set by a rollout worker that scored the sample (a request with a Reference): its text
+    # (special tokens skipped) and reward.
+    text: str | None = None
+    reward: float | None = None
+
+
+class Reference(NamedTuple):
+    """What a sample is scored against: the problem's text and its ground-truth answer."""
+
+    problem: str
+    answer: str
+
+
+class GenerationRequest(NamedTuple):
+    """n samples of `agent` from `prompt_ids`; with a reference, each sample comes back scored."""
+
+    agent: str
+    prompt_ids: list[int]
+    n: int
+    reference: Reference | None = None
+
+
+GenerateFn = Callable[[list[GenerationRequest], SamplingSpec], list[list[Generation]]]
+"""`(requests, spec) -> samples`, samples[r] the n Generations of requests[r]
+(`RolloutWorker.generate`, or `spread_requests` over several rollout actors)."""
 
 
 @dataclass

@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from satseq.cluster.connection import connect
 from satseq.cluster.coordinator import CoordinatorActor
 from satseq.config import RunConfig, dump_config
+from satseq.launch.connection import connect
 
 console = Console()
 

@@ -60,6 +60,10 @@ class KLControlConfig(Section):
         0.5, gt=0.0, le=1.0, description="each retry scales the step size by this"
     )
     estimator: Literal["exact", "k3"] = "exact"
+    max_backtracks: int = Field(3, ge=0, description="a step gets 1 + max_backtracks attempts")
+    on_exhausted: Literal["reject", "keep"] = Field(
+        "reject", description="after the last failed attempt: reject the step, or keep it"
+    )
 
 
 class CertificateConfig(Section):
@@ -87,8 +91,12 @@ class SatSeqConfig(Section):
     epsilon: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip ε")
     A_clip: float = Field(5.0, gt=0.0, description="advantages are clipped to ±A_clip")
     group_size: int = Field(8, ge=2, description="G trajectories per prompt")
-    max_backtracks: int = Field(3, ge=0)
-    on_exhausted: Literal["reject", "keep"] = "reject"
+    max_backtracks: int | None = Field(
+        None, ge=0, description="seeds' spelling of algorithm.kl_ctrl.max_backtracks"
+    )
+    on_exhausted: Literal["reject", "keep"] | None = Field(
+        None, description="seeds' spelling of algorithm.kl_ctrl.on_exhausted"
+    )
     ratio: Literal["seq", "token", "seq_mean"] = "seq"
     advantage: Literal["grpo", "gae"] = Field(
         "grpo", description="grpo: group-normalised rewards; gae: a per-agent value head + GAE"
@@ -347,4 +355,23 @@ class RunConfig(Section):
             self.sat_seq = self.sat_seq.model_copy(update={"agents": None})
         if not self.team.agents:
             raise ValueError("team.agents is empty: list at least one {name, path}")
+        return self
+
+    @model_validator(mode="after")
+    def _one_backtracking_setting(self) -> RunConfig:
+        """`sat_seq.max_backtracks` / `sat_seq.on_exhausted` (the seeds' keys) set the trust
+        region's `algorithm.kl_ctrl.*` of the same name: the trust region is built from that one
+        section."""
+        kl_ctrl = self.algorithm.kl_ctrl
+        for key in ("max_backtracks", "on_exhausted"):
+            seeds_value = getattr(self.sat_seq, key)
+            if seeds_value is None:
+                continue
+            if key in kl_ctrl.model_fields_set and getattr(kl_ctrl, key) != seeds_value:
+                raise ValueError(
+                    f"algorithm.kl_ctrl.{key} and sat_seq.{key} disagree: give the setting once"
+                )
+            kl_ctrl = kl_ctrl.model_copy(update={key: seeds_value})
+            self.sat_seq = self.sat_seq.model_copy(update={key: None})
+        self.algorithm = self.algorithm.model_copy(update={"kl_ctrl": kl_ctrl})
         return self

@@ -9,13 +9,14 @@ import ray
 import yaml
 
 from satseq.actors.rollout import spread_requests
-from satseq.cluster import builders
-from satseq.cluster.connection import connect
 from satseq.config import QUICKSTART, RunConfig, dump_config, load_config
 from satseq.evaluation.checkpoints import resolve_team
 from satseq.evaluation.datasets import resolve_dataset
 from satseq.evaluation.outputs import write_outputs
 from satseq.evaluation.team import TeamEvaluation, evaluate_team
+from satseq.launch import actors as launch_actors
+from satseq.launch import builders
+from satseq.launch.connection import connect
 from satseq.models import load_tokenizer
 
 TRAIN_CONFIG = "train_config.yaml"
@@ -46,8 +47,8 @@ def run_evaluation(
     k = samples_per_agent or config.eval.samples_per_agent
     spec = builders.eval_sampling_spec(config)
     connect(address)
-    options = builders.rollout_actor_options(config)  # the cluster is asked once
-    actors = builders.start_rollout_actors(
+    options = launch_actors.rollout_actor_options(config)  # the cluster is asked once
+    actors = launch_actors.start_rollout_actors(
         config,
         {name: str(path) for name, path in team.agent_paths.items()},
         config.eval.seed,

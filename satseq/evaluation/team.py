@@ -17,21 +17,17 @@ sample that represents the winning cluster is.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from satseq.actors.trajectory import Generation, SamplingSpec
+from satseq.actors.trajectory import GenerateFn, SamplingSpec
 from satseq.algo.eval_metrics import avg_at_k, pass_at_k
 from satseq.data import MathProblem, PromptFormat, prompt_ids
 from satseq.evaluation.vote import team_vote
 from satseq.rewards import RewardScorer
-
-Request = tuple[str, list[int], int]
-"""(agent name, prompt token ids, number of samples), as `RolloutWorker.generate` takes."""
-GenerateFn = Callable[[list[Request], SamplingSpec], list[list[Generation]]]
 
 
 @dataclass(frozen=True)

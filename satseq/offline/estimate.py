@@ -88,8 +88,9 @@ def estimate_offline_values(
     import ray
 
     from satseq.actors.rollout import spread_requests
-    from satseq.cluster import builders
-    from satseq.cluster.connection import connect
+    from satseq.launch import actors as launch_actors
+    from satseq.launch import builders
+    from satseq.launch.connection import connect
     from satseq.models import load_tokenizer, resolve_model_path
 
     loaded = load_problems(
@@ -109,9 +110,9 @@ def estimate_offline_values(
     statuses: Counter[str] = Counter()
     try:
         if config.rollout.tools.enabled:  # the model's code runs as it would in training
-            sandbox = builders.start_sandbox_pool(config)
-        options = builders.rollout_actor_options(config)
-        actors = builders.start_rollout_actors(
+            sandbox = launch_actors.start_sandbox_pool(config)
+        options = launch_actors.rollout_actor_options(config)
+        actors = launch_actors.start_rollout_actors(
             config, {AGENT: model_dir}, config.trainer.seed, lambda j: options, sandbox=sandbox
         )
 

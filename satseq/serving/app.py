@@ -21,13 +21,13 @@ from pydantic import ValidationError
 from ray import serve
 from ray.serve import Application
 
-from satseq.cluster import builders
-from satseq.cluster.connection import connect
 from satseq.config import RunConfig
 from satseq.config.load import SERVE_CONFIG, format_validation_error
 from satseq.config.schema import ServeConfig
 from satseq.evaluation.checkpoints import resolve_team
 from satseq.evaluation.runner import run_config_for
+from satseq.launch import builders
+from satseq.launch.connection import connect
 from satseq.serving.agent import AgentDeployment
 from satseq.serving.ingress import TeamIngress
 

@@ -1,7 +1,7 @@
 """The chain topology on a real in-process rollout worker: turns, handoffs and ownership."""
 
-from satseq.actors.chain import chain_rollouts
 from satseq.actors.rollout import RolloutWorker
+from satseq.actors.topology import chain_rollouts
 from satseq.actors.trajectory import SamplingSpec
 from satseq.algo.masks import NO_OWNER
 
@@ -38,7 +38,7 @@ def test_agents_take_turns_on_one_sequence_and_own_their_tokens(raw_tiny_model):
         ] == [0] * len(handoff)
         assert chain.owner_ids[s1:e1] == [1] * (e1 - s1) and 1 <= e1 - s1 <= 6
     # the second agent's context was the problem, the first turn and the handoff
-    second_turn_contexts = [prompt for agent, prompt, _ in requests_seen if agent == "second"]
+    second_turn_contexts = [r.prompt_ids for r in requests_seen if r.agent == "second"]
     for chain, context in zip(chains, second_turn_contexts, strict=True):
         s1 = chain.meta["turn_bounds"][1][0]
         assert context == chain.prompt_ids + chain.response_ids[:s1]

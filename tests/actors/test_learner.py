@@ -7,7 +7,6 @@ import torch
 from satseq.actors.learner import (
     Learner,
     LearnerSpec,
-    LossSpec,
     OptimizerSpec,
     TrustRegionSpec,
 )
@@ -34,14 +33,19 @@ def trajectories(tokenizer, owners=(0, 0, 0, 0)):
     return out
 
 
-def make_learner(path, lr=1e-2, target_kl=10.0, max_backtracks=3, kl_coef=0.01, **overrides):
+def make_learner(
+    path, lr=1e-2, target_kl=10.0, max_backtracks=3, kl_coef=0.01, kl_estimator="exact", **overrides
+):
     spec = dict(
         model_path=path,
         agent_index=0,
         micro_batch_size=4,
         optimizer=OptimizerSpec(lr=lr),
         trust_region=TrustRegionSpec(
-            target_kl=target_kl, max_backtracks=max_backtracks, kl_coef=kl_coef
+            target_kl=target_kl,
+            max_backtracks=max_backtracks,
+            kl_coef=kl_coef,
+            kl_estimator=kl_estimator,
         ),
     )
     spec.update(overrides)
@@ -65,9 +69,7 @@ def test_logprobs_are_teacher_forced_at_the_sampling_temperature(raw_tiny_model)
 
 def test_update_moves_logprobs_in_the_direction_of_the_advantage(raw_tiny_model):
     # small steps, so each sequence moves by its own gradient rather than its neighbours'
-    learner = make_learner(
-        raw_tiny_model, lr=1e-4, loss=LossSpec(kl_estimator="k3"), update_steps=3
-    )
+    learner = make_learner(raw_tiny_model, lr=1e-4, kl_estimator="k3", update_steps=3)
     batch_trajs = trajectories(learner.tokenizer)
     mask = pad_batch(batch_trajs, learner.pad_token_id).response_mask
     logp_cur = learner.logprobs(batch_trajs)
@@ -98,9 +100,7 @@ def test_violated_trust_region_restores_weights_and_grows_beta(raw_tiny_model):
 def test_micro_batches_accumulate_to_the_full_batch_gradient(raw_tiny_model):
     steps = []
     for micro in (4, 1):
-        learner = make_learner(
-            raw_tiny_model, micro_batch_size=micro, loss=LossSpec(kl_estimator="k3")
-        )
+        learner = make_learner(raw_tiny_model, micro_batch_size=micro, kl_estimator="k3")
         # plain SGD: the step is then exactly the accumulated gradient (AdamW's first step is
         # ~lr·sign(g) and would magnify float noise on near-zero gradients)
         learner.optimizer = torch.optim.SGD(learner.model.parameters(), lr=0.1)

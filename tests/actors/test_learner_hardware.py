@@ -64,7 +64,7 @@ def test_the_guard_catches_a_tensor_created_without_its_device():
     [
         # exact KL; a tiny target forces backtracks, two steps reach the KL-penalty path
         (LossSpec(), TrustRegionSpec(target_kl=1e-9, max_backtracks=1)),
-        (LossSpec(kl_estimator="k3"), TrustRegionSpec(target_kl=10.0)),
+        (LossSpec(), TrustRegionSpec(target_kl=10.0, kl_estimator="k3")),
         (LossSpec(ratio="token", aggregation="token_mean"), TrustRegionSpec(enabled=False)),
     ],
     ids=["exact-backtracking", "k3", "plain"],
@@ -103,8 +103,8 @@ def test_bf16_compute_keeps_a_1e6_step_in_the_float32_master_weights(raw_tiny_mo
         raw_tiny_model,
         dtype="bfloat16",
         optimizer=OptimizerSpec(lr=1e-6),
-        trust_region=TrustRegionSpec(enabled=False),
-        loss=LossSpec(ratio="token", aggregation="token_mean", kl_estimator="k3"),
+        trust_region=TrustRegionSpec(enabled=False, kl_estimator="k3"),
+        loss=LossSpec(ratio="token", aggregation="token_mean"),
     )
     assert all(p.dtype == torch.float32 for p in agent.model.parameters())
     before = {n: p.detach().clone() for n, p in agent.model.named_parameters()}
@@ -153,8 +153,7 @@ def test_no_vocabulary_tensor_exceeds_one_chunk(raw_tiny_model, estimator):
     agent = learner(
         raw_tiny_model,
         logit_chunk_tokens=chunk,
-        loss=LossSpec(kl_estimator=estimator),
-        trust_region=TrustRegionSpec(target_kl=1e-9, max_backtracks=1),
+        trust_region=TrustRegionSpec(target_kl=1e-9, max_backtracks=1, kl_estimator=estimator),
         update_steps=2,
     )
     trajectories = batch(agent.tokenizer)
@@ -194,7 +193,7 @@ def test_token_budget_micro_batches_respect_the_budget_and_give_the_same_step(ra
             raw_tiny_model,
             micro_batch_size=8,
             max_tokens_per_micro_batch=limit,
-            loss=LossSpec(kl_estimator="k3"),
+            trust_region=TrustRegionSpec(kl_estimator="k3"),
         )
         agent.optimizer = torch.optim.SGD(agent.model.parameters(), lr=0.1)
         shapes.append([b.input_ids.shape for _, b in agent._micro_batches(trajectories)])

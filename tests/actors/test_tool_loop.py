@@ -21,8 +21,8 @@ from satseq.actors.tool_loop import SandboxClient, ToolLoop
 from satseq.actors.trajectory import SamplingSpec
 from satseq.config.schema import SandboxConfig, ToolConfig
 from satseq.data import TOOL_PROMPT_FORMAT, build_prompt, make_split
+from satseq.launch.builders import sandbox_backend
 from satseq.models import resolve_model_path
-from satseq.sandbox.backend import make_backend
 from satseq.sandbox.pool import SandboxPool, SandboxPoolActor
 from tests.sandbox.backends import start_backend
 
@@ -174,7 +174,7 @@ def test_sandbox_timeouts_and_errors_become_text_for_the_model(engine, tokenizer
 def test_rollout_actor_calls_the_sandbox_pool_actor_and_survives_its_death(
     ray_cluster, tool_model, tokenizer, prompts
 ):
-    pool = SandboxPoolActor.remote(partial(make_backend, SandboxConfig(workers=2)), workers=2)
+    pool = SandboxPoolActor.remote(partial(sandbox_backend, SandboxConfig(workers=2)), workers=2)
     ray.get(pool.start.remote())
     rollout = RolloutActor.remote({"a": tool_model}, tools=TOOLS, sandbox=pool)
     requests = [("a", prompts[0], 2)]

@@ -6,7 +6,7 @@ from typing import Any
 import typer
 from typer.exceptions import TyperException
 
-from satseq.cli import app
+from satseq.cli.main import app
 
 
 class NotInCli(ValueError):

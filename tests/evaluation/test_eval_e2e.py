@@ -16,7 +16,7 @@ import ray
 import yaml
 from typer.testing import CliRunner
 
-from satseq.cli import app
+from satseq.cli.main import app
 from satseq.config import load_config
 from satseq.evaluation import resolve_dataset
 from satseq.evaluation.runner import run_evaluation

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from satseq.cli import app
+from satseq.cli.main import app
 from satseq.data import DataError, make_split
 from satseq.offline import estimate_offline_values, load_offline_values
 

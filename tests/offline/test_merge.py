@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from satseq.cli import app
+from satseq.cli.main import app
 from satseq.data import DataError
 from satseq.offline import load_offline_values, merge_offline_values
 

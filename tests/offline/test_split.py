@@ -4,7 +4,7 @@ import json
 
 from typer.testing import CliRunner
 
-from satseq.cli import app
+from satseq.cli.main import app
 from satseq.data import load_problems, make_split
 from satseq.offline import split_dataset
 

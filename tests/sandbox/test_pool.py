@@ -9,7 +9,7 @@ from functools import partial
 import ray
 
 from satseq.config.schema import SandboxConfig
-from satseq.sandbox.backend import make_backend
+from satseq.launch.builders import sandbox_backend
 from satseq.sandbox.pool import SandboxPool, SandboxPoolActor
 from satseq.sandbox.types import ExecutionRequest, ExecutionResult, Status
 
@@ -126,7 +126,7 @@ def test_metrics_count_statuses_and_latency():
 
 def test_the_ray_actor_runs_code_in_the_local_sandbox_and_survives_a_dead_slot(ray_cluster):
     config = SandboxConfig(workers=2, min_isolation="full")
-    pool = SandboxPoolActor.remote(partial(make_backend, config), workers=2)
+    pool = SandboxPoolActor.remote(partial(sandbox_backend, config), workers=2)
     try:
         assert ray.get(pool.start.remote(), timeout=120)["backend"]["isolation"] == "full"
         results = ray.get(

@@ -17,8 +17,8 @@ import ray
 from ray import serve
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from satseq.cluster import builders
 from satseq.config import load_config
+from satseq.launch import builders
 from satseq.models import resolve_model_path
 from satseq.serving.agent import AgentDeployment
 from satseq.serving.app import serve_settings, start_server

@@ -1,4 +1,4 @@
-"""The one interface every rollout engine implements, and the factory that builds one by name.
+"""The one interface every rollout engine implements, and the checks every engine shares.
 
 An engine holds one policy (one agent's weights) and does three things with it: sample
 continuations of token-id prompts, take new weights from the learner in place, and score
@@ -8,8 +8,7 @@ given tokens teacher-forced (for checks that the engine and the learner agree).
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import torch
 
@@ -64,32 +63,6 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release the engine's model and caches; the engine is unusable afterwards."""
         ...
-
-
-def make_engine(
-    kind: EngineKind,
-    model_path: str | Path,
-    *,
-    dtype: str = "float32",
-    seed: int = 0,
-    **engine_options: Any,
-) -> Engine:
-    """The `kind` engine on the model at `model_path` (a directory or any name that
-    `satseq.models.resolve_model_path` accepts).
-
-    `seed` fixes the engine's sampling stream: the same seed and the same calls give the same
-    samples. `engine_options` go to the engine's constructor (see `HFEngine` and `VLLMEngine`).
-    vLLM is imported only when asked for: importing it takes tens of seconds.
-    """
-    if kind == "hf":
-        from satseq.actors.engines.hf import HFEngine
-
-        return HFEngine(model_path, dtype=dtype, seed=seed, **engine_options)
-    if kind == "vllm":
-        from satseq.actors.engines.vllm import VLLMEngine
-
-        return VLLMEngine(model_path, dtype=dtype, seed=seed, **engine_options)
-    raise ValueError(f"unknown rollout engine {kind!r}; use one of {list(ENGINE_KINDS)}")
 
 
 def set_cpu_threads(num_threads: int) -> None:

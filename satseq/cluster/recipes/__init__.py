@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from satseq.cluster.recipes.base import LearnerSettings, Recipe, Runtime, StageResult
+from satseq.cluster.recipes.grpo import GrpoRecipe
+from satseq.cluster.recipes.sat_seq import SatSeqRecipe
+from satseq.cluster.recipes.spo import SpoRecipe
 
-from satseq.cluster.recipes.base import Recipe, StageResult
+RECIPES: dict[str, type] = {"sat_seq": SatSeqRecipe, "spo": SpoRecipe, "grpo": GrpoRecipe}
+"""`algorithm.name` → its recipe class."""
 
-if TYPE_CHECKING:
-    from satseq.cluster.coordinator import Coordinator
-
-
-def make_recipe(runtime: Coordinator) -> Recipe:
-    """The recipe `algorithm.name` selects, running on the coordinator's actors."""
-    from satseq.cluster.recipes.grpo import GrpoRecipe
-    from satseq.cluster.recipes.sat_seq import SatSeqRecipe
-    from satseq.cluster.recipes.spo import SpoRecipe
-
-    recipes = {"sat_seq": SatSeqRecipe, "spo": SpoRecipe, "grpo": GrpoRecipe}
-    return recipes[runtime.config.algorithm.name](runtime)
-
-
-__all__ = ["Recipe", "StageResult", "make_recipe"]
+__all__ = [
+    "RECIPES",
+    "GrpoRecipe",
+    "LearnerSettings",
+    "Recipe",
+    "Runtime",
+    "SatSeqRecipe",
+    "SpoRecipe",
+    "StageResult",
+]

@@ -1,17 +1,82 @@
-"""What every stage recipe gives the coordinator, and small helpers they share."""
+"""What a stage recipe may ask of the runtime, what it gives the coordinator, and small helpers
+the recipes share."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from satseq.actors.learner import UpdateResult
-    from satseq.cluster.coordinator import Coordinator
-    from satseq.cluster.stage_batch import StageBatch
+from satseq.actors.learner import UpdateResult
+from satseq.actors.trajectory import GenerateFn, SamplingSpec, Trajectory
+from satseq.cluster.builders import LearnerSettings
+from satseq.cluster.stage_batch import StageBatch
+from satseq.config import RunConfig
+from satseq.data import MathProblem
+from satseq.launch.builders import sampling_spec
+
+
+class Runtime(Protocol):
+    """The team's actors, as a recipe sees them (`satseq.cluster.runtime.TeamRuntime`, on Ray or
+    in-process). Agents are indices into `agents`, in team order."""
+
+    agents: list[str]
+    tokenizers: list
+    generate: GenerateFn
+
+    def prompt_ids(self, agent: int, problem: MathProblem) -> list[int]:
+        """Agent `agent`'s prompt for `problem`."""
+        ...
+
+    def sample(
+        self, problems: list[MathProblem], owners: list[list[int]], spec: SamplingSpec
+    ) -> list[Trajectory]:
+        """One scored trajectory per entry of owners[p] (the agent that answers problem p)."""
+        ...
+
+    def sample_chains(
+        self,
+        problems: list[MathProblem],
+        handoff_ids: list[list[int]],
+        group_size: int,
+        spec: SamplingSpec,
+    ) -> list[Trajectory]:
+        """G chains per problem in team order, each scored on its last turn."""
+        ...
+
+    def logprobs(self, batch: StageBatch, rows: range | None = None) -> torch.Tensor:
+        """[N, T] log-probs of each token under its owner's current weights."""
+        ...
+
+    def agent_logprobs(self, agent: int, trajectories: list[Trajectory]) -> torch.Tensor:
+        """[N, T] log-probs of `trajectories` under one agent's current weights."""
+        ...
+
+    def update(self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c) -> UpdateResult:
+        """Agent i's update on `rows` of the batch."""
+        ...
+
+    def update_all(
+        self, batch: StageBatch, rows: list[list[int]], logp_cur, A, c
+    ) -> list[UpdateResult]:
+        """Every agent's update on its rows[i] at once, then every agent's weights pushed."""
+        ...
+
+    def values(self, i: int, batch: StageBatch, rows: list[int]) -> torch.Tensor: ...
+
+    def fit_values(self, i: int, batch: StageBatch, rows: list[int], returns) -> float: ...
+
+    def push_weights(self, i: int) -> None:
+        """Agent i's rollout engines get its current weights."""
+        ...
+
+    def team_vote_accuracy(self, trajectories: list[Trajectory], group_size: int) -> float: ...
+
+    def tool_metrics(self, trajectories: list[Trajectory]) -> dict[str, float]: ...
+
+    def set_progress(self, phase: str, agent: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -23,13 +88,23 @@ class StageResult:
 
 
 class Recipe(Protocol):
-    """One algorithm's stage, over the coordinator's shared steps."""
+    """One algorithm's stage, over a runtime's shared steps. A recipe class is built as
+    `Recipe(config, runtime, problems)`; `learner_settings` is asked before the learners start."""
+
+    @staticmethod
+    def learner_settings(config: RunConfig) -> LearnerSettings: ...
 
     def run_stage(self, k: int) -> StageResult: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def stage_sampling_spec(config: RunConfig, k: int) -> SamplingSpec:
+    """Stage k's sampling settings (`rollout:`), seeded by the stage so a resumed run redraws
+    alike."""
+    return sampling_spec(config, seed=config.trainer.seed * 1_000_003 + k)
 
 
 def lap(timings: dict[str, float], key: str, since: float) -> float:
@@ -53,7 +128,7 @@ def update_metrics(stats: UpdateResult) -> dict[str, float]:
     }
 
 
-def stage_metrics(rt: Coordinator, batch: StageBatch, per_agent) -> dict[str, Any]:
+def stage_metrics(rt: Runtime, batch: StageBatch, per_agent) -> dict[str, Any]:
     """Rewards (team and per agent), response length, tool use, and each agent's update."""
     R = batch.rewards
     metrics: dict[str, Any] = {

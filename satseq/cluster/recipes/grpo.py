@@ -7,48 +7,57 @@ G times, its groups are its own, and the agents update in parallel on their own 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from satseq.algo import group_advantages
+from satseq.cluster.builders import PLAIN_STEPS, loss_spec
 from satseq.cluster.recipes.base import (
+    LearnerSettings,
+    Runtime,
     StageResult,
     lap,
     near_zero_fraction,
     stage_metrics,
+    stage_sampling_spec,
     update_metrics,
 )
 from satseq.cluster.stage_batch import StageBatch
-
-if TYPE_CHECKING:
-    from satseq.cluster.coordinator import Coordinator
+from satseq.config import RunConfig
+from satseq.data import MathProblem
+from satseq.data.cursor import PromptCursor
 
 
 class GrpoRecipe:
-    def __init__(self, runtime: Coordinator):
-        self.runtime = runtime
+    def __init__(self, config: RunConfig, runtime: Runtime, problems: list[MathProblem]):
+        self.config, self.runtime, self.problems = config, runtime, problems
+        self.cursor = PromptCursor(len(problems), config.trainer.seed)
+
+    @staticmethod
+    def learner_settings(config: RunConfig) -> LearnerSettings:
+        """Token-level PPO-clip (`grpo`), plain steps."""
+        return LearnerSettings(loss_spec(config.grpo), PLAIN_STEPS)
 
     def run_stage(self, k: int) -> StageResult:
-        rt, cfg = self.runtime, self.runtime.config
+        rt, cfg = self.runtime, self.config
         G, n_agents = cfg.grpo.group_size, len(rt.agents)
         timings: dict[str, float] = {}
         clock = time.perf_counter()
 
         # 1. B prompts, each answered G times by every agent: one group per (agent, prompt)
-        problems = [rt.problems[i] for i in rt.cursor.next(cfg.trainer.batch_size)]
+        problems = [self.problems[i] for i in self.cursor.next(cfg.trainer.batch_size)]
         prompts = [p for p in problems for _ in range(n_agents)]
         owners = [[a] * G for _ in problems for a in range(n_agents)]
         clock = lap(timings, "time/sample", clock)
         rt.set_progress("rollout")
-        trajectories = rt.sample(prompts, owners, rt.sampling_spec())
+        trajectories = rt.sample(prompts, owners, stage_sampling_spec(cfg, k))  # scored, 0/1
         clock = lap(timings, "time/rollout", clock)
 
-        # 2. rewards, and the behaviour log-probs at the sampling temperature
-        rt.score(prompts, trajectories)
+        # 2. the behaviour log-probs at the sampling temperature
         batch = StageBatch.build(trajectories, n_agents)
         rt.set_progress("logprobs")
-        logp_cur = rt.logprobs_by_owner(batch)
+        logp_cur = rt.logprobs(batch)
         clock = lap(timings, "time/logprobs", clock)
 
         # 3. A = (R − mean_G R) / (std_G R + 1e-8); Dr.GRPO drops the std
@@ -59,7 +68,7 @@ class GrpoRecipe:
         # 4. every agent's PPO-clip update, in parallel, then the engines get the new weights
         rt.set_progress("update")
         rows = [batch.rows_of(i) for i in range(n_agents)]
-        results = rt.update_agents(batch, rows, logp_cur, A, c)
+        results = rt.update_all(batch, rows, logp_cur, A, c)
         lap(timings, "time/update", clock)
 
         per_agent = {
@@ -76,7 +85,7 @@ class GrpoRecipe:
         return StageResult(metrics)
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        return {"cursor": self.cursor.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        self.cursor.load_state_dict(state["cursor"])

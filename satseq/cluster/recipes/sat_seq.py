@@ -4,34 +4,43 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from satseq.actors.chain import chain_rollouts
+from satseq.actors.topology import mixture_assignment
 from satseq.algo import (
     AgentScheduler,
-    bandit_lower_bound,
     gae,
     gae_group_advantages,
     group_advantages,
     masked_mean,
     masked_sum,
-    surrogate_gain,
     terminal_rewards,
-    theorem_terms,
     truncated_is_weights,
-    truncation_bias,
 )
-from satseq.cluster.recipes.base import StageResult, lap, stage_metrics, update_metrics
+from satseq.cluster.builders import loss_spec, trust_region_spec
+from satseq.cluster.recipes.base import (
+    LearnerSettings,
+    Runtime,
+    StageResult,
+    lap,
+    stage_metrics,
+    stage_sampling_spec,
+    update_metrics,
+)
+from satseq.cluster.recipes.certificate import (
+    R_MAX,
+    R_MIN,
+    agent_certificate,
+    bandit_certificate,
+    certificate_record,
+)
 from satseq.cluster.stage_batch import StageBatch
-from satseq.cluster.team import mixture_assignment
-from satseq.data import apply_chat_template
+from satseq.config import RunConfig
+from satseq.data import MathProblem, apply_chat_template
+from satseq.data.cursor import PromptCursor
 
-if TYPE_CHECKING:
-    from satseq.cluster.coordinator import Coordinator
-
-R_MIN, R_MAX = 0.0, 1.0  # verifiable rewards are 0 or 1
 DEFAULT_ROLE_PROMPT = "Check the solution above and give the final answer in \\boxed{}."
 
 
@@ -39,9 +48,9 @@ class SatSeqRecipe:
     """Block-coordinate updates of the agents in a scheduled order, each seeing the ones
     updated before it through truncated IS weights, under a quantile-KL trust region."""
 
-    def __init__(self, runtime: Coordinator):
-        self.runtime = runtime
-        config = runtime.config
+    def __init__(self, config: RunConfig, runtime: Runtime, problems: list[MathProblem]):
+        self.config, self.runtime, self.problems = config, runtime, problems
+        self.cursor = PromptCursor(len(problems), config.trainer.seed)
         self.scheduler = AgentScheduler(
             runtime.agents, mode=config.sat_seq.scheduler, seed=config.trainer.seed
         )
@@ -61,15 +70,26 @@ class SatSeqRecipe:
         self.last_gains: dict[str, float] | None = None
         self.baseline_reward = (R_MIN + R_MAX) / 2  # b of the bandit bound, fixed before sampling
 
+    @staticmethod
+    def learner_settings(config: RunConfig) -> LearnerSettings:
+        """The sequence-ratio PPO loss (`sat_seq`) under the quantile-KL trust region
+        (`algorithm.kl_ctrl`); in `gae` mode a value head per learner."""
+        s = config.sat_seq
+        return LearnerSettings(
+            loss_spec(s),
+            trust_region_spec(config.algorithm.kl_ctrl),
+            value_lr=s.value_lr if s.advantage == "gae" else None,
+        )
+
     def run_stage(self, k: int) -> StageResult:
         """DESIGN §3 steps 1–7 for stage k."""
-        rt, cfg = self.runtime, self.runtime.config
+        rt, cfg = self.runtime, self.config
         agents = rt.agents
         timings: dict[str, float] = {}
         clock = time.perf_counter()
 
         # 1. sample B prompts; the last holdout_fraction of them certify the stage
-        problems = [rt.problems[i] for i in rt.cursor.next(cfg.trainer.batch_size)]
+        problems = [self.problems[i] for i in self.cursor.next(cfg.trainer.batch_size)]
         n_holdout = math.floor(cfg.algorithm.certificate.holdout_fraction * len(problems))
         n_train_prompts = len(problems) - n_holdout
         clock = lap(timings, "time/sample", clock)
@@ -77,17 +97,16 @@ class SatSeqRecipe:
         # 2. rollouts: G trajectories per prompt, agents assigned by the team topology
         rt.set_progress("rollout")
         G = cfg.sat_seq.group_size
-        trajectories = self._rollouts(problems, first_prompt=k * cfg.trainer.batch_size)
+        trajectories = self._rollouts(problems, k)
         clock = lap(timings, "time/rollout", clock)
 
-        # 3. rewards: 0/1, math-verify
-        rt.score(problems, trajectories)
+        # 3. rewards: 0/1, math-verify, scored by the rollout workers with the samples
         batch = StageBatch.build(trajectories, len(agents), n_train_prompts * G)
         R = batch.rewards
 
         # 4. behaviour log-probs logp_cur: teacher-forced, stage-start weights, sampling temperature
         rt.set_progress("logprobs")
-        logp_cur = rt.logprobs_by_owner(batch)
+        logp_cur = rt.logprobs(batch)
         clock = lap(timings, "time/logprobs", clock)
 
         # 5. the order σ of this stage's block-coordinate updates
@@ -119,7 +138,7 @@ class SatSeqRecipe:
                     R[train].view(-1, G), weights=c[train].view(-1, G), A_clip=cfg.sat_seq.A_clip
                 ).advantages.flatten()
                 returns, value_metrics = None, {}
-            stats = rt.update_agent(i, batch, rows, logp_cur, A, c)
+            stats = rt.update(i, batch, rows, logp_cur, A, c)
             if returns is not None:  # the value head learns the returns with the updated weights
                 value_metrics["value/loss"] = rt.fit_values(i, batch, rows, returns)
             own = batch.owned_by([i])[rows]
@@ -130,28 +149,12 @@ class SatSeqRecipe:
             updated.append(i)
             rt.push_weights(i)
             u = masked_sum(logp_hat[rows] - logp_cur[rows], own, dim=-1)
-            terms = theorem_terms(
-                surrogate=surrogate_gain(u, A[rows], c[rows]) if rows else 0.0,
-                delta_i=stats.kl_quantile,
-                A_max=cfg.sat_seq.A_clip,
-                gamma=cfg.algorithm.gamma,
-                zeta_i=truncation_bias(log_ratio_prev[rows], c[rows], cfg.sat_seq.A_clip)
-                if rows
-                else 0.0,
-                N_i=len(rows),
-                n_agents=len(agents),
-                delta_conf=cfg.algorithm.certificate.delta_conf,
-            )
             per_agent[name] = (
                 update_metrics(stats)
                 | value_metrics
-                | {
-                    "cert/information_gain": terms.information_gain,
-                    "cert/occupancy_shift": terms.occupancy_shift,
-                    "cert/estimator_bias": terms.estimator_bias,
-                    "cert/finite_sample": terms.finite_sample,
-                    "cert/lower_bound": terms.lower_bound,
-                }
+                | agent_certificate(
+                    cfg, u, A[rows], c[rows], log_ratio_prev[rows], stats.kl_quantile, len(agents)
+                )
             )
         clock = lap(timings, "time/update", clock)
 
@@ -168,50 +171,21 @@ class SatSeqRecipe:
             **timings,
         }
         self.baseline_reward = float(R.mean())
-        certificate = {
-            "bandit": bandit,
-            "agents": {
-                name: {
-                    key.removeprefix("cert/"): value
-                    for key, value in values.items()
-                    if key.startswith("cert/")
-                }
-                for name, values in per_agent.items()
-            },
-        }
+        certificate = certificate_record(bandit, per_agent)
         return StageResult(metrics, certificate)
 
     # --- the steps -------------------------------------------------------------------------------
 
-    def _rollouts(self, problems, first_prompt: int):
-        """G trajectories per prompt (prompt-major) in the configured topology."""
-        rt = self.runtime
-        G = rt.config.sat_seq.group_size
-        spec = rt.sampling_spec()
-        if rt.config.team.topology == "mixture":
-            # each trajectory is one agent's answer; agents round-robin over the G samples
-            owners = mixture_assignment(len(problems), G, len(rt.agents), first_prompt)
-            return rt.sample(problems, owners, spec)
-        return self._chain_rollouts(problems, spec)
-
-    def _chain_rollouts(self, problems, spec):
-        """Agents answer in team order on one sequence; the last turn's text is scored."""
-        rt = self.runtime
-        tokenizer = rt.tokenizers[0]  # chain agents share a tokenizer (checked at start-up)
-        trajectories = chain_rollouts(
-            rt.generate,
-            [rt.prompt_ids(0, problem) for problem in problems],
-            rt.agents,
-            self.handoffs,
-            rt.config.sat_seq.group_size,
-            spec,
-        )
-        for trajectory in trajectories:
-            start, end = trajectory.meta["turn_bounds"][-1]
-            trajectory.response_text = tokenizer.decode(
-                trajectory.response_ids[start:end], skip_special_tokens=True
-            )
-        return trajectories
+    def _rollouts(self, problems: list[MathProblem], k: int):
+        """G scored trajectories per prompt (prompt-major) in the configured topology."""
+        rt, cfg = self.runtime, self.config
+        G = cfg.sat_seq.group_size
+        spec = stage_sampling_spec(cfg, k)
+        if cfg.team.topology == "chain":
+            return rt.sample_chains(problems, self.handoffs, G, spec)
+        # each trajectory is one agent's answer; agents round-robin over the G samples
+        owners = mixture_assignment(len(problems), G, len(rt.agents), k * cfg.trainer.batch_size)
+        return rt.sample(problems, owners, spec)
 
     def _gae_advantages(
         self, i: int, batch: StageBatch, rows: list[int], c: torch.Tensor
@@ -220,7 +194,7 @@ class SatSeqRecipe:
         token-mean per trajectory, group-normalised under c (its own trajectories only) and
         clipped. Returns A [n_train] (0 off its rows), the returns [len(rows), T_i] for the
         value head, and the value metrics."""
-        cfg = self.runtime.config
+        cfg = self.config
         V = self.runtime.values(i, batch, rows)
         own = batch.owned_by([i])[rows, : V.shape[1]]
         token_A, returns = gae(
@@ -245,46 +219,25 @@ class SatSeqRecipe:
     def _bandit_certificate(
         self, batch: StageBatch, logp_cur: torch.Tensor
     ) -> dict[str, float] | None:
-        """J(π_new) − J(π_start) ≥ bound, from the held-out trajectories (never trained on)."""
+        """The stage's bandit bound on the held-out trajectories, under the final weights."""
         holdout = range(batch.n_train, len(batch.trajectories))
         if len(holdout) < 2:
             return None
-        logp_new = self.runtime.logprobs_by_owner(batch, holdout)
-        rows = list(holdout)
-        log_w = masked_sum(
-            logp_new[rows] - logp_cur[rows],
-            batch.owned_by(list(range(len(self.runtime.agents))))[rows],
-            dim=-1,
-        )
-        cert = self.runtime.config.algorithm.certificate
-        bound = bandit_lower_bound(
-            log_w,
-            batch.rewards[rows],
-            b=self.baseline_reward,
-            R_min=R_MIN,
-            R_max=R_MAX,
-            w_max=cert.w_max,
-            delta_conf=cert.delta_conf,
-            inequality=cert.inequality,
-        )
-        return {
-            "estimate": bound.estimate,
-            "deviation": bound.deviation,
-            "truncation_bias": bound.truncation_bias,
-            "lower_bound": bound.lower_bound,
-            "n": bound.n,
-        }
+        logp_new = self.runtime.logprobs(batch, holdout)
+        return bandit_certificate(self.config, batch, logp_cur, logp_new, self.baseline_reward)
 
     # --- resume -------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         return {
+            "cursor": self.cursor.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "last_gains": self.last_gains,
             "baseline_reward": self.baseline_reward,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cursor.load_state_dict(state["cursor"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.last_gains = state["last_gains"]
         self.baseline_reward = state["baseline_reward"]

@@ -9,26 +9,28 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-import ray
 import torch
 
 from satseq.actors.trajectory import Trajectory
 from satseq.algo import BetaTracker, PrioritisedSampler, spo_advantages
 from satseq.algo.spo import binarise_score
+from satseq.cluster.builders import PLAIN_STEPS, loss_spec
 from satseq.cluster.recipes.base import (
+    LearnerSettings,
+    Runtime,
     StageResult,
     lap,
     near_zero_fraction,
     stage_metrics,
+    stage_sampling_spec,
     update_metrics,
 )
 from satseq.cluster.stage_batch import StageBatch
-
-if TYPE_CHECKING:
-    from satseq.cluster.coordinator import Coordinator
+from satseq.config import RunConfig
+from satseq.data import MathProblem
 
 logger = logging.getLogger(__name__)
 
@@ -37,16 +39,16 @@ Key = tuple[str, str]
 
 
 class SpoRecipe:
-    def __init__(self, runtime: Coordinator):
-        self.runtime = runtime
-        spo, trainer = runtime.config.spo, runtime.config.trainer
+    def __init__(self, config: RunConfig, runtime: Runtime, problems: list[MathProblem]):
+        self.config, self.runtime = config, runtime
+        spo, trainer = config.spo, config.trainer
         offline = _offline_values(spo.offline_values)
         self.tracker = BetaTracker(spo.rho, spo.rho_min, spo.rho_max, spo.d_half)
         self.problem_of: dict[Key, Any] = {}
         self.keys: list[list[Key]] = []  # per agent, in data order
         for name in runtime.agents:
             keys = []
-            for problem in runtime.problems:
+            for problem in problems:
                 key = (name, problem.problem)
                 if key in self.problem_of:  # the same problem text twice: one tracker
                     continue
@@ -70,8 +72,13 @@ class SpoRecipe:
             seed=trainer.seed,
         )
 
+    @staticmethod
+    def learner_settings(config: RunConfig) -> LearnerSettings:
+        """Token-level PPO-clip with clip-higher and dual-clip (`spo`), plain steps."""
+        return LearnerSettings(loss_spec(config.spo), PLAIN_STEPS)
+
     def run_stage(self, k: int) -> StageResult:
-        rt, B = self.runtime, self.runtime.config.trainer.batch_size
+        rt, B = self.runtime, self.config.trainer.batch_size
         n_agents = len(rt.agents)
         timings: dict[str, float] = {}
         clock = time.perf_counter()
@@ -90,13 +97,12 @@ class SpoRecipe:
         rt.set_progress("rollout")
         prompts = [self.problem_of[key] for key in drawn]
         owners = [[a] for a in range(n_agents) for _ in range(B)]
-        trajectories = rt.sample(prompts, owners, rt.sampling_spec())
-        rt.score(prompts, trajectories)
+        trajectories = rt.sample(prompts, owners, stage_sampling_spec(self.config, k))
         batch = StageBatch.build(trajectories, n_agents)
         r = torch.tensor([float(binarise_score(t.reward)) for t in trajectories])
         clock = lap(timings, "time/rollout", clock)
         rt.set_progress("logprobs")
-        logp_cur = rt.logprobs_by_owner(batch)
+        logp_cur = rt.logprobs(batch)
         clock = lap(timings, "time/logprobs", clock)
 
         # 3. A = r − p̂, normalised over each agent's batch
@@ -105,7 +111,7 @@ class SpoRecipe:
 
         # 4. every agent's PPO-clip step, in parallel; then the engines get the new weights
         rt.set_progress("update")
-        results = rt.update_agents(batch, [list(rows) for rows in agent_rows], logp_cur, A, c)
+        results = rt.update_all(batch, [list(rows) for rows in agent_rows], logp_cur, A, c)
         clock = lap(timings, "time/update", clock)
 
         # 5. the trackers, after the step: ρ from how far the policy moved, then r folds in
@@ -146,15 +152,12 @@ class SpoRecipe:
         revisits = [key for key in drawn if self.tracker.last_response(key) is not None]
         logp_now: dict[Key, torch.Tensor] = {}
         if self.tracker.rho_mode == "kl" and revisits:
-            refs = []
             for a, name in enumerate(rt.agents):
                 keys = [key for key in revisits if key[0] == name]
-                stored = [self._stored_trajectory(a, key) for key in keys]
-                refs.append((keys, rt.learners[a].logprobs.remote(stored) if keys else None))
-            for keys, ref in refs:
-                if ref is None:
+                if not keys:
                     continue
-                logp = ray.get(ref)
+                stored = [self._stored_trajectory(a, key) for key in keys]
+                logp = rt.agent_logprobs(a, stored)
                 for j, key in enumerate(keys):
                     n = len(self.tracker.last_response(key)["logprobs"])
                     logp_now[key] = logp[j, :n]

@@ -1,4 +1,4 @@
-from satseq.cluster.team import mixture_assignment
+from satseq.actors.topology import mixture_assignment
 
 
 def test_mixture_round_robin_with_rotating_offset():

@@ -22,6 +22,7 @@ from typing import Annotated
 
 import typer
 
+from satseq.cli.common import SetOption, fail, resolve_config
 from satseq.config import ConfigError
 from satseq.data import DataError
 from satseq.offline.estimate import estimate_offline_values
@@ -40,24 +41,12 @@ ConfigOption = Annotated[
     Path | None,
     typer.Option("--config", help="YAML config (data, rollout, reward); default the quickstart"),
 ]
-SetOption = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="override a config key: --set rollout.temperature=0.6"),
-]
-
-
-def _config(config: Path | None, overrides: list[str] | None):
-    from satseq.cli import resolve_config  # at call time: satseq.cli imports this module
-
-    return resolve_config(config, overrides)
 
 
 @contextmanager
 def _user_errors_exit(*extra: type[Exception]) -> Iterator[None]:
     """A user's mistake (bad data, config, model path) ends the command with its message and
     status 2, never a traceback."""
-    from satseq.cli import fail
-
     try:
         yield
     except (*USER_ERRORS, *extra) as error:
@@ -77,7 +66,7 @@ def split(
     set_: SetOption = None,
 ) -> None:
     """Split a dataset into subset_<i>.parquet files, contiguous and of near-equal size."""
-    data = _config(config, set_).data
+    data = resolve_config(config, set_).data
     with _user_errors_exit():
         report = split_dataset(
             dataset, output_dir, num_subsets, data.split, data.field_map, data.skip_bad_rows
@@ -122,7 +111,7 @@ def estimate(
     """Sample N responses per problem with the base model and score them with the reward."""
     from satseq.models import ModelLoadError  # here, not at the top: it imports torch
 
-    resolved = _config(config, set_)
+    resolved = resolve_config(config, set_)
 
     def show_progress(done: int, total: int, mean_score: float) -> None:
         typer.echo(f"  {done}/{total} prompts, mean score {mean_score:.4f}")
@@ -168,7 +157,7 @@ def merge(
     set_: SetOption = None,
 ) -> None:
     """Merge the estimate results into JSON {prompt: scores}, with statistics and warnings."""
-    data = _config(config, set_).data
+    data = resolve_config(config, set_).data
     with _user_errors_exit():
         report = merge_offline_values(
             input_dir,

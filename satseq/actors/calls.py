@@ -1,0 +1,41 @@
+"""How the layers above call an actor: as a Ray actor, or as a plain object in this process.
+
+`start(handle, method, *args)` begins `handle.method(*args)` and returns a pending result, which
+may be passed on as an argument of another call (with Ray, an object ref: the value then moves
+between actors without passing through the caller); `wait(pending)` turns pending results into
+values. The same code then drives `LearnerActor`s and `RolloutActor`s on a cluster, or plain
+`Learner` and `RolloutWorker` objects in one process (fast tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class ActorCalls(Protocol):
+    def start(self, handle: Any, method: str, *args: Any) -> Any: ...
+
+    def wait(self, pending: list[Any]) -> list[Any]: ...
+
+
+class RayCalls:
+    """Calls to Ray actors: `actor.method.remote(*args)`, then `ray.get`; calls started
+    together run in parallel."""
+
+    def start(self, handle: Any, method: str, *args: Any) -> Any:
+        return getattr(handle, method).remote(*args)
+
+    def wait(self, pending: list[Any]) -> list[Any]:
+        import ray
+
+        return ray.get(pending)
+
+
+class InProcessCalls:
+    """Calls to plain objects in this process: each call runs when it is started."""
+
+    def start(self, handle: Any, method: str, *args: Any) -> Any:
+        return getattr(handle, method)(*args)
+
+    def wait(self, pending: list[Any]) -> list[Any]:
+        return list(pending)

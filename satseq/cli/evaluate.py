@@ -1,0 +1,51 @@
+"""`satseq eval`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from satseq.cli.common import (
+    AddressOption,
+    CheckpointDirOption,
+    SetOption,
+    StageOption,
+    fail,
+    resolve_config_for,
+)
+
+
+def evaluate(
+    dataset: Annotated[
+        str,
+        typer.Option(help="aime24 | aime25 | math | a .jsonl/.parquet file | synthetic:test"),
+    ],
+    checkpoint_dir: CheckpointDirOption,
+    output_dir: Annotated[Path, typer.Option("--output-dir", help="where outputs are written")],
+    samples_per_agent: Annotated[
+        int | None, typer.Option("--samples-per-agent", min=1, help="K (default eval.*)")
+    ] = None,
+    stage: StageOption = None,
+    set_: SetOption = None,
+    address: AddressOption = None,
+) -> None:
+    """Score the team: K samples per agent per problem, the team's vote, pass@k/avg@k/maj@k.
+
+    The config is the checkpoint dir's train_config.yaml (else the quickstart's) plus --set.
+    """
+    from satseq.data import DataError
+    from satseq.evaluation import CheckpointError, summary_table
+    from satseq.evaluation.runner import run_evaluation
+
+    config = resolve_config_for(checkpoint_dir, set_)
+    try:
+        _, summary = run_evaluation(
+            config, dataset, checkpoint_dir, output_dir, samples_per_agent, stage, address
+        )
+    except (DataError, CheckpointError) as err:
+        raise fail(str(err)) from None
+    Console().print(summary_table(summary))
+    typer.echo(f"outputs: {output_dir}")

@@ -1,0 +1,44 @@
+"""`satseq serve`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from satseq.cli.common import (
+    AddressOption,
+    CheckpointDirOption,
+    SetOption,
+    StageOption,
+    fail,
+    resolve_config_for,
+)
+
+
+def serve_team(
+    checkpoint_dir: CheckpointDirOption,
+    port: Annotated[int | None, typer.Option(help="HTTP port (default serve.port)")] = None,
+    samples_per_agent: Annotated[
+        int | None, typer.Option("--samples-per-agent", min=1, help="default K per request")
+    ] = None,
+    stage: StageOption = None,
+    serve_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--serve-config", help="Ray Serve config for scaling; default configs/serve.yaml"
+        ),
+    ] = None,
+    set_: SetOption = None,
+    address: AddressOption = None,
+) -> None:
+    """Serve the team over HTTP (Ray Serve): POST /predict, GET /health, /metrics, /docs."""
+    from satseq.evaluation import CheckpointError
+    from satseq.serving.app import ServeConfigError, run_server
+
+    config = resolve_config_for(checkpoint_dir, set_)
+    try:
+        run_server(config, checkpoint_dir, port, samples_per_agent, stage, serve_config, address)
+    except (CheckpointError, ServeConfigError) as err:
+        raise fail(str(err)) from None

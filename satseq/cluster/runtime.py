@@ -1,0 +1,272 @@
+"""The team runtime: the steps every stage recipe takes on the team's learners and rollout
+workers (sample, score, log-probs, update, push weights, ...).
+
+A recipe types against `satseq.cluster.recipes.base.Runtime`; `TeamRuntime` implements it once,
+over either kind of handle (`satseq.actors.calls`):
+
+- Ray (`RayCalls`): the handles are `LearnerActor`s and `RolloutActor`s; calls to several actors
+  run in parallel, and a learner's weights reach the rollout actors through the object store
+  without passing through the coordinator. This is what `satseq train` runs.
+- in-process (`InProcessCalls`): plain `Learner` and `RolloutWorker` objects in this process,
+  called one after another. Recipes run on it in seconds, without Ray (tests/cluster/recipes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from satseq.actors.calls import ActorCalls, InProcessCalls, RayCalls
+from satseq.actors.learner import Learner, LearnerActor, UpdateResult
+from satseq.actors.rollout import RolloutWorker, spread_requests
+from satseq.actors.topology import chain_rollouts, owner_rollouts
+from satseq.actors.trajectory import Reference, SamplingSpec, Trajectory
+from satseq.algo import maj_at_k
+from satseq.cluster.builders import LearnerSettings, learner_spec
+from satseq.cluster.placement import place_team
+from satseq.cluster.stage_batch import StageBatch
+from satseq.config import RunConfig
+from satseq.data import MathProblem, PromptFormat, prompt_ids
+from satseq.launch.actors import start_rollout_actors, start_sandbox_pool
+from satseq.launch.builders import engine_options, prompt_format, reward_scorer
+from satseq.models import load_tokenizer, resolve_model_path
+from satseq.rewards import RewardScorer
+
+
+class TeamRuntime:
+    """The team's learners (one per agent, in team order) and rollout workers, and the steps
+    recipes take on them (DESIGN §3 steps 2–6)."""
+
+    def __init__(
+        self,
+        agents: list[str],
+        tokenizers: list,
+        prompt_format: PromptFormat,
+        scorer: RewardScorer,
+        learners: list,
+        rollouts: list,
+        calls: ActorCalls,
+        sandbox: Any = None,
+    ):
+        self.agents = agents
+        self.tokenizers = tokenizers
+        self.prompt_format = prompt_format
+        self.scorer = scorer
+        self.learners = learners
+        self.rollouts = rollouts
+        self.calls = calls
+        self.sandbox = sandbox
+        self.generate = spread_requests(rollouts, calls)
+        """`generate(requests, spec)`: requests dealt round-robin over the rollout workers."""
+        self.progress: dict[str, Any] = {"phase": "starting", "agent": None}
+
+    # --- sampling ------------------------------------------------------------------------------
+
+    def prompt_ids(self, agent: int, problem: MathProblem) -> list[int]:
+        """Agent `agent`'s prompt for `problem` (its tokenizer's chat template)."""
+        return prompt_ids(self.tokenizers[agent], problem, self.prompt_format)
+
+    def sample(
+        self, problems: list[MathProblem], owners: list[list[int]], spec: SamplingSpec
+    ) -> list[Trajectory]:
+        """One scored trajectory per entry of owners[p] (the agent that answers problem p)."""
+        return owner_rollouts(
+            self.generate,
+            self.agents,
+            lambda p, a: self.prompt_ids(a, problems[p]),
+            owners,
+            _references(problems),
+            spec,
+        )
+
+    def sample_chains(
+        self,
+        problems: list[MathProblem],
+        handoff_ids: list[list[int]],
+        group_size: int,
+        spec: SamplingSpec,
+    ) -> list[Trajectory]:
+        """G chains per problem in team order, each scored on its last turn."""
+        return chain_rollouts(
+            self.generate,
+            [self.prompt_ids(0, problem) for problem in problems],
+            self.agents,
+            handoff_ids,
+            group_size,
+            spec,
+            _references(problems),
+        )
+
+    # --- learners ------------------------------------------------------------------------------
+
+    def logprobs(self, batch: StageBatch, rows: range | None = None) -> torch.Tensor:
+        """[N, T] log-probs of each token under the current weights of the agent that owns it
+        (0 elsewhere); only `rows` are filled when given."""
+        N, T = batch.owner_ids.shape
+        out = torch.zeros(N, T)
+        rows_per_agent = [batch.rows_of(i, rows) for i in range(len(self.agents))]
+        pending = {
+            i: self.calls.start(
+                self.learners[i], "logprobs", [batch.trajectories[r] for r in agent_rows]
+            )
+            for i, agent_rows in enumerate(rows_per_agent)
+            if agent_rows
+        }
+        for i, logp in zip(pending, self.calls.wait(list(pending.values())), strict=True):
+            agent_rows = rows_per_agent[i]
+            own = batch.owned_by([i])[agent_rows, : logp.shape[1]]
+            out[agent_rows, : logp.shape[1]] += logp * own
+        return out
+
+    def agent_logprobs(self, agent: int, trajectories: list[Trajectory]) -> torch.Tensor:
+        """[N, T] log-probs of `trajectories` under agent `agent`'s current weights."""
+        return self.calls.wait([self.calls.start(self.learners[agent], "logprobs", trajectories)])[
+            0
+        ]
+
+    def _start_update(self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c):
+        trajectories = [batch.trajectories[r] for r in rows]
+        T = max((len(t.response_ids) for t in trajectories), default=1)
+        return self.calls.start(
+            self.learners[i], "update", trajectories, logp_cur[rows, :T], A[rows], c[rows]
+        )
+
+    def update(self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c) -> UpdateResult:
+        """Agent i's trust-region update on `rows` of the batch (logp_cur [N, T], A and c [N])."""
+        return self.calls.wait([self._start_update(i, batch, rows, logp_cur, A, c)])[0]
+
+    def update_all(
+        self, batch: StageBatch, rows: list[list[int]], logp_cur, A, c
+    ) -> list[UpdateResult]:
+        """Every agent's update on its rows[i] at once; then the engines get the new weights."""
+        results = self.calls.wait(
+            [self._start_update(i, batch, rows[i], logp_cur, A, c) for i in range(len(self.agents))]
+        )
+        for i in range(len(self.agents)):
+            self.push_weights(i)
+        return results
+
+    def values(self, i: int, batch: StageBatch, rows: list[int]) -> torch.Tensor:
+        """`gae` mode: V(s_t) of agent i's value head on `rows`, [len(rows), T_i]."""
+        trajectories = [batch.trajectories[r] for r in rows]
+        return self.calls.wait([self.calls.start(self.learners[i], "values", trajectories)])[0]
+
+    def fit_values(self, i: int, batch: StageBatch, rows: list[int], returns) -> float:
+        """`gae` mode: agent i's value head fitted to the GAE returns of `rows`."""
+        trajectories = [batch.trajectories[r] for r in rows]
+        return self.calls.wait(
+            [self.calls.start(self.learners[i], "fit_values", trajectories, returns)]
+        )[0]
+
+    def push_weights(self, i: int) -> None:
+        """Agent i's rollout engines get its current weights (DESIGN §3 step 6, last line)."""
+        weights = self.calls.start(self.learners[i], "weights")
+        self.calls.wait(
+            [
+                self.calls.start(worker, "load_weights", self.agents[i], weights)
+                for worker in self.rollouts
+            ]
+        )
+
+    # --- what the stage logs -------------------------------------------------------------------
+
+    def team_vote_accuracy(self, trajectories: list[Trajectory], group_size: int) -> float:
+        """maj@G: per prompt, the majority answer over its G trajectories (math-verify clusters)."""
+        correct = []
+        for start in range(0, len(trajectories), group_size):
+            group = trajectories[start : start + group_size]
+            answers = [self.scorer.extract_answer(t.response_text) for t in group]
+            correct.append(
+                maj_at_k(answers, [t.reward > 0.5 for t in group], self.scorer.answers_equivalent)
+            )
+        return float(np.mean(correct))
+
+    def tool_metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """How much the stage used the sandbox: the share of trajectories that ran code, and
+        the pool's execution statuses so far (cumulative counts)."""
+        if self.sandbox is None:
+            return {}
+        calls = [t.meta.get("tool_calls", 0) for t in trajectories]
+        (pool,) = self.calls.wait([self.calls.start(self.sandbox, "metrics")])
+        return {
+            "tools/call_fraction": float(np.mean([n > 0 for n in calls])),
+            "tools/calls_mean": float(np.mean(calls)),
+            **{f"sandbox/{status}": count for status, count in pool["statuses"].items()},
+        }
+
+    def set_progress(self, phase: str, agent: str | None = None) -> None:
+        """What the stage is doing now (the driver's progress line polls it)."""
+        self.progress = {"phase": phase, "agent": agent}
+
+
+def _references(problems: list[MathProblem]) -> list[Reference]:
+    return [Reference(problem.problem, problem.answer) for problem in problems]
+
+
+def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
+    """The team on Ray, in the run's one placement group: a `LearnerActor` per agent, the
+    rollout actors and, with tools, the sandbox pool (`satseq train`)."""
+    agents, model_paths = _team(config)
+    placement = place_team(config)
+    sandbox = (
+        start_sandbox_pool(config, "satseq-sandbox-pool") if config.rollout.tools.enabled else None
+    )
+    learners = [
+        LearnerActor.options(name=f"satseq-learner-{name}", **placement.learner_options(i)).remote(
+            learner_spec(
+                config,
+                i,
+                settings,
+                placement.learner_device,
+                max(1, int(config.trainer.resources.num_cpus)),
+            )
+        )
+        for i, name in enumerate(agents)
+    ]
+    rollouts = start_rollout_actors(
+        config,
+        dict(zip(agents, model_paths, strict=True)),
+        config.trainer.seed,
+        lambda j: {"name": f"satseq-rollout-{j}"} | placement.rollout_options(j),
+        sandbox=sandbox,
+    )
+    RayCalls().wait([learner.ready.remote() for learner in learners])
+    return _runtime(config, agents, model_paths, learners, rollouts, RayCalls(), sandbox)
+
+
+def start_in_process(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
+    """The team in this process, on the CPU, without Ray: a plain `Learner` per agent and one
+    `RolloutWorker` (no tools). For tests of a recipe's wiring and for benchmarks."""
+    if config.rollout.tools.enabled:
+        raise ValueError("the in-process runtime runs no sandbox: set rollout.tools.enabled=false")
+    agents, model_paths = _team(config)
+    learners = [Learner(learner_spec(config, i, settings, "cpu", 1)) for i in range(len(agents))]
+    worker = RolloutWorker(
+        dict(zip(agents, model_paths, strict=True)),
+        config.rollout.engine,
+        engine_options(config),
+        config.trainer.seed,
+        scorer=reward_scorer(config),
+    )
+    return _runtime(config, agents, model_paths, learners, [worker], InProcessCalls())
+
+
+def _team(config: RunConfig) -> tuple[list[str], list[str]]:
+    """The agents' names and model directories, in team order."""
+    agents = [agent.name for agent in config.team.agents]
+    return agents, [str(resolve_model_path(agent.path)) for agent in config.team.agents]
+
+
+def _runtime(config, agents, model_paths, learners, rollouts, calls, sandbox=None) -> TeamRuntime:
+    return TeamRuntime(
+        agents,
+        [load_tokenizer(path) for path in model_paths],
+        prompt_format(config),
+        reward_scorer(config),
+        learners,
+        rollouts,
+        calls,
+        sandbox=sandbox,
+    )

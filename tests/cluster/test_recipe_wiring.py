@@ -1,0 +1,167 @@
+"""One stage of each recipe on the in-process runtime (plain learners and a rollout worker, no
+Ray): which agent updates when, which tokens the IS weights cover, which weights get pushed."""
+
+import math
+
+import pytest
+import torch
+
+from satseq.algo.masks import owner_mask
+from satseq.cluster.recipes import RECIPES
+from satseq.cluster.runtime import TeamRuntime, start_in_process
+from satseq.config import QUICKSTART, load_config
+
+RECORDED = ("update", "update_all", "push_weights", "logprobs")
+
+
+class RecordingRuntime:
+    """The in-process runtime, with a log of the calls a recipe makes: (name, args, result)."""
+
+    def __init__(self, runtime: TeamRuntime):
+        self.runtime = runtime
+        self.calls: list[tuple[str, tuple, object]] = []
+
+    def __getattr__(self, name):
+        attribute = getattr(self.runtime, name)
+        if name not in RECORDED:
+            return attribute
+
+        def recorded(*args):
+            result = attribute(*args)
+            self.calls.append((name, args, result))
+            return result
+
+        return recorded
+
+    def called(self, *names) -> list[tuple[str, tuple, object]]:
+        return [call for call in self.calls if call[0] in names]
+
+
+@pytest.fixture(scope="module")
+def quickstart_model(built_quickstart_model):
+    """The embedded model: warm-started, so rewards vary within a group and updates move it."""
+    return "builtin:tiny"
+
+
+def one_stage(model_path, algorithm, n_agents, *overrides):
+    agents = ", ".join(f"{{name: a{i}, path: '{model_path}'}}" for i in range(n_agents))
+    config = load_config(
+        QUICKSTART,
+        [
+            f"algorithm.name={algorithm}",
+            f"team.agents=[{agents}]",
+            "trainer.batch_size=8",
+            "sat_seq.group_size=4",
+            "grpo.group_size=2",
+            "rollout.max_new_tokens=24",
+            "trainer.update_steps=1",
+            "trainer.lr=1e-2",  # a visible step
+            "algorithm.kl_ctrl.target_kl=100.0",  # every step accepted
+            "data.synthetic.n_train=16",
+            *overrides,
+        ],
+    )
+    recipe_class = RECIPES[algorithm]
+    runtime = RecordingRuntime(start_in_process(config, recipe_class.learner_settings(config)))
+    recipe = recipe_class(config, runtime, _problems(config))
+    result = recipe.run_stage(0)
+    return runtime, recipe, result
+
+
+def _problems(config):
+    from satseq.cluster.builders import training_problems
+
+    return training_problems(config)
+
+
+def assert_engines_hold_the_learners_weights(runtime: RecordingRuntime):
+    (worker,) = runtime.rollouts
+    for name, learner in zip(runtime.agents, runtime.learners, strict=True):
+        engine_weights = worker.engines[name].model.state_dict()
+        for key, tensor in learner.weights().items():
+            assert torch.equal(engine_weights[key], tensor), f"{name}: {key} was not pushed"
+
+
+def expected_is_weights(batch, logp_cur, logp_new, updated, max_log_ratio):
+    """c by the definition (DESIGN §4), one trajectory and one token at a time."""
+    c = []
+    for r in range(len(batch.trajectories)):
+        log_ratio = sum(
+            float(logp_new[r, t] - logp_cur[r, t])
+            for t in range(batch.owner_ids.shape[1])
+            if batch.response_mask[r, t] > 0 and int(batch.owner_ids[r, t]) in updated
+        )
+        clamped = max(-max_log_ratio, min(max_log_ratio, log_ratio))
+        c.append(min(1.0, math.exp(clamped)))
+    return torch.tensor(c)
+
+
+@pytest.mark.parametrize("topology", ["mixture", "chain"])
+def test_sat_seq_updates_in_order_and_pushes_each_agent_before_the_next(quickstart_model, topology):
+    runtime, _, result = one_stage(
+        quickstart_model, "sat_seq", 3, "sat_seq.scheduler=static", f"team.topology={topology}"
+    )
+    steps = [(name, args[0]) for name, args, _ in runtime.called("update", "push_weights")]
+    assert steps == [
+        ("update", 0),
+        ("push_weights", 0),
+        ("update", 1),
+        ("push_weights", 1),
+        ("update", 2),
+        ("push_weights", 2),
+    ]
+    assert_engines_hold_the_learners_weights(runtime)
+    assert result.metrics["accepted/a0"] == 1
+    assert set(result.certificate["agents"]) == {"a0", "a1", "a2"}
+
+
+@pytest.mark.parametrize("topology", ["mixture", "chain"])
+def test_sat_seq_is_weights_cover_exactly_the_tokens_of_agents_updated_before(
+    quickstart_model, topology
+):
+    runtime, recipe, _ = one_stage(
+        quickstart_model, "sat_seq", 2, "sat_seq.scheduler=static", f"team.topology={topology}"
+    )
+    (first, second) = runtime.called("update")
+    _, (i0, batch, rows0, logp_cur, _, c0), _ = first
+    _, (i1, _, rows1, _, _, c1), _ = second
+    assert (i0, i1) == (0, 1)
+    # every agent now holds its updated weights (each was updated once)
+    logp_new = runtime.runtime.logprobs(batch)
+    max_log_ratio = recipe.config.sat_seq.max_log_ratio
+    assert torch.equal(c0, torch.ones_like(c0))  # nobody was updated before agent 0
+    train = range(batch.n_train)  # held-out rows never enter an update
+    expected = expected_is_weights(batch, logp_cur, logp_new, {0}, max_log_ratio)
+    torch.testing.assert_close(c1[train], expected[train], atol=1e-5, rtol=1e-5)
+    if topology == "mixture":  # one writer per trajectory: agent 1's own rows carry c = 1
+        own0 = owner_mask(batch.owner_ids, [0], batch.response_mask)
+        assert not torch.allclose(logp_new * own0, logp_cur * own0)  # agent 0 moved
+        assert torch.equal(c1[rows1], torch.ones(len(rows1)))
+        assert (c1[rows0] < 1).any()
+    else:  # every chain holds agent 0's turn: every trajectory is reweighted by its moves
+        assert rows0 == rows1 == list(train)
+
+
+def test_grpo_updates_every_agent_at_once_on_its_own_groups(quickstart_model):
+    runtime, _, result = one_stage(quickstart_model, "grpo", 2)
+    ((_, (batch, rows, _, _, c), _),) = runtime.called("update_all")
+    for agent, agent_rows in enumerate(rows):
+        assert agent_rows and all(
+            set(batch.trajectories[r].owner_ids) == {agent} for r in agent_rows
+        )
+    assert torch.equal(c, torch.ones_like(c))  # on-policy: no IS weights
+    assert_engines_hold_the_learners_weights(runtime)
+    assert result.metrics["accepted/a1"] == 1
+
+
+def test_spo_updates_the_trackers_of_the_drawn_prompts_after_the_step(quickstart_model):
+    runtime, recipe, result = one_stage(quickstart_model, "spo", 2)
+    ((_, (batch, rows, _, A, _), _),) = runtime.called("update_all")
+    assert [len(agent_rows) for agent_rows in rows] == [8, 8]  # B prompts each, one sample each
+    for agent, agent_rows in enumerate(rows):
+        assert all(set(batch.trajectories[r].owner_ids) == {agent} for r in agent_rows)
+        torch.testing.assert_close(float(A[agent_rows].mean()), 0.0, atol=1e-6, rtol=0)
+    assert_engines_hold_the_learners_weights(runtime)
+    visited = [key for key in recipe.problem_of if recipe.tracker.last_response(key) is not None]
+    assert len(visited) == 16  # 8 prompts per agent, each with its response stored
+    assert result.metrics["spo/rho_mean"] == pytest.approx(recipe.config.spo.rho_max)
