@@ -9,6 +9,7 @@ recipe, read top to bottom in `satseq/cluster/recipes/<name>.py`: sat_seq, spo o
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,14 @@ import torch
 
 from satseq.cluster import builders
 from satseq.cluster.checkpoint import load_latest_checkpoint, save_checkpoint
+from satseq.cluster.faults import (
+    ACTOR_LOSS,
+    FaultLog,
+    actor_roles,
+    fault_kind,
+    restart,
+    wait_until_alive,
+)
 from satseq.cluster.metrics import StageLog
 from satseq.cluster.recipes import RECIPES
 from satseq.cluster.runtime import start_on_ray
@@ -34,30 +43,73 @@ class Coordinator:
     def __init__(self, config: RunConfig, output_dir: str, resume: bool = False):
         self.config = config
         self.output_dir = Path(output_dir)
-        recipe_class = RECIPES[config.algorithm.name]
-        self.runtime = start_on_ray(config, recipe_class.learner_settings(config))
+        self.recipe_class = RECIPES[config.algorithm.name]
+        self.runtime = start_on_ray(config, self.recipe_class.learner_settings(config))
         self.val_problems = [
             problem
             for name in (config.data.val_files if config.trainer.val_every else [])
             for problem in resolve_dataset(name, config)
         ]
+        self.problems = builders.training_problems(config)
         self.stage = 0
-        self.recipe = recipe_class(config, self.runtime, builders.training_problems(config))
+        self.recipe = self.recipe_class(config, self.runtime, self.problems)
+        self.first_rng = _rng_state()  # stage 0's, for a retry of stage 0
+        self.faults = FaultLog(config.trainer.max_stage_retries)
         resumed_stage = self._restore() if resume else None
         self.log = StageLog(self.output_dir, config.output.tensorboard, resumed_stage)
 
     # --- one stage ----------------------------------------------------------------------------
 
     def run_stage(self) -> dict[str, Any]:
-        """The recipe's stage `self.stage`, then its outputs and the resume checkpoint."""
-        result = self.recipe.run_stage(self.stage)
-        metrics = {"stage": self.stage, **result.metrics}
-        if self._validation_due():
-            self.runtime.set_progress("validation")
-            metrics |= self.validate()
+        """The recipe's stage `self.stage` (again from its start, whenever an actor or a node
+        died during it), then its outputs and the resume checkpoint."""
+        while True:
+            try:
+                result = self.recipe.run_stage(self.stage)
+                metrics = {"stage": self.stage, **result.metrics}
+                if self._validation_due():
+                    self.runtime.set_progress("validation")
+                    metrics |= self.validate()
+                break
+            except ACTOR_LOSS as error:
+                self._recover(error)
+        metrics |= self.faults.stage_metrics()
         self.stage += 1
         self._write_outputs(metrics, result.certificate)
         return metrics
+
+    def _recover(self, error: BaseException) -> None:
+        """After an actor or node loss: count it (StageFailed past the retry bound), wait for Ray
+        to restart what died, and put the team back to the start of the stage."""
+        rt = self.runtime
+        roles = actor_roles(
+            learner=rt.learners, rollout=rt.rollouts, sandbox=[rt.sandbox] if rt.sandbox else []
+        )
+        kind = fault_kind(error, roles)
+        self.faults.record(kind, self.stage, error)
+        started = time.perf_counter()
+        rt.set_progress(f"recovering ({kind} died)")
+        wait_until_alive(self._pings())
+        self._reset_to_stage_start()
+        self.faults.recovery_seconds += time.perf_counter() - started
+
+    def _pings(self) -> list[tuple[Any, str]]:
+        rt = self.runtime
+        pings = [(actor, "ready") for actor in rt.learners + rt.rollouts]
+        return pings + ([(rt.sandbox, "start")] if rt.sandbox else [])
+
+    def _reset_to_stage_start(self) -> None:
+        """Learners, engines, recipe and RNG as they were when the stage began: from the last
+        checkpoint, or for stage 0 from the start (learners restarted afresh)."""
+        if self.stage > 0:
+            self._restore()
+            return
+        restart(self.runtime.learners)
+        wait_until_alive(self._pings())
+        for i in range(len(self.runtime.agents)):
+            self.runtime.push_weights(i)
+        self.recipe = self.recipe_class(self.config, self.runtime, self.problems)
+        _set_rng_state(self.first_rng)
 
     def _validation_due(self) -> bool:
         every, last = self.config.trainer.val_every, self.config.trainer.stages - 1
@@ -111,11 +163,7 @@ class Coordinator:
             "stage": self.stage,
             "learners": ray.get([learner.state_dict.remote() for learner in self.runtime.learners]),
             "recipe": self.recipe.state_dict(),
-            "rng": {
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-                "torch": torch.get_rng_state(),
-            },
+            "rng": _rng_state(),
         }
         save_checkpoint(self.output_dir / "checkpoints", self.stage - 1, state)
 
@@ -135,15 +183,13 @@ class Coordinator:
             self.runtime.push_weights(i)
         self.stage = state["stage"]
         self.recipe.load_state_dict(state["recipe"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        torch.set_rng_state(state["rng"]["torch"])
+        _set_rng_state(state["rng"])
         return completed_stage
 
     # --- progress (polled by the driver while a stage runs) -------------------------------------
 
     def get_progress(self) -> dict[str, Any]:
-        return {"stage": self.stage, **self.runtime.progress}
+        return {"stage": self.stage, **self.runtime.progress, "faults": self.faults.total}
 
     def next_stage(self) -> int:
         return self.stage
@@ -151,6 +197,20 @@ class Coordinator:
     def close(self) -> None:
         self.log.close()
         self.runtime.scorer.close()
+
+
+def _rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
 
 
 CoordinatorActor = ray.remote(num_cpus=0, max_concurrency=2)(Coordinator)

@@ -111,6 +111,8 @@ def _describe(progress: dict[str, Any], history: list[dict[str, Any]]) -> str:
         last = history[-1]
         backtracks = sum(v for k, v in last.items() if k.startswith("backtracks/"))
         parts.append(f"reward {last['reward/mean']:.3f}  backtracks {backtracks}")
+    if progress.get("faults"):
+        parts.append(f"[yellow]recovered from {progress['faults']} actor/node losses")
     return "  ".join(parts)
 
 

@@ -21,6 +21,7 @@ from satseq.files import write_text_atomically
 TAGGED_FAMILIES = {
     PHASE_PREFIX.rstrip("/"): ("satseq_phase_seconds", "phase"),
     "sandbox": ("satseq_sandbox_executions", "status"),
+    "faults": ("satseq_faults", "kind"),
 }
 
 

@@ -25,6 +25,7 @@ from satseq.actors.topology import chain_rollouts, owner_rollouts
 from satseq.actors.trajectory import Reference, SamplingSpec, Trajectory
 from satseq.algo import maj_at_k
 from satseq.cluster.builders import LearnerSettings, learner_spec
+from satseq.cluster.faults import RESTARTED_ACTOR
 from satseq.cluster.placement import place_team
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
@@ -207,14 +208,17 @@ def _references(problems: list[MathProblem]) -> list[Reference]:
 
 def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
     """The team on Ray, in the run's one placement group: a `LearnerActor` per agent, the
-    rollout actors and, with tools, the sandbox pool (`satseq train`)."""
+    rollout actors and, with tools, the sandbox pool (`satseq train`). Ray restarts any of them
+    that dies (`satseq.cluster.faults`)."""
     agents, model_paths = _team(config)
     placement = place_team(config)
     sandbox = (
         start_sandbox_pool(config, "satseq-sandbox-pool") if config.rollout.tools.enabled else None
     )
     learners = [
-        LearnerActor.options(name=f"satseq-learner-{name}", **placement.learner_options(i)).remote(
+        LearnerActor.options(
+            name=f"satseq-learner-{name}", **placement.learner_options(i), **RESTARTED_ACTOR
+        ).remote(
             learner_spec(
                 config,
                 i,
@@ -229,7 +233,7 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
         config,
         dict(zip(agents, model_paths, strict=True)),
         config.trainer.seed,
-        lambda j: {"name": f"satseq-rollout-{j}"} | placement.rollout_options(j),
+        lambda j: {"name": f"satseq-rollout-{j}"} | placement.rollout_options(j) | RESTARTED_ACTOR,
         sandbox=sandbox,
     )
     RayCalls().wait([learner.ready.remote() for learner in learners])

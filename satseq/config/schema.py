@@ -266,6 +266,9 @@ class TrainerConfig(Section):
         None, description="HF checkpoints and engine weights; default: the compute dtype"
     )
     save_every: int = Field(5, ge=1)
+    max_stage_retries: int = Field(
+        3, ge=0, description="retries of a stage after an actor or node died; then the run stops"
+    )
     val_every: int = Field(
         0, ge=0, description="validate on data.val_files every N stages and at the end; 0: never"
     )

@@ -61,7 +61,8 @@ def start_sandbox_pool(config: RunConfig, name: str | None = None):
     """The SandboxPool actor for tool calls, started: a sandbox below `sandbox.min_isolation`
     fails here, at start-up, not on the first tool call."""
     sandbox = config.sandbox
-    options = {"num_cpus": 0} | ({"name": name} if name else {})
+    # stateless: Ray restarts it if it dies, and callers keep their handle
+    options = {"num_cpus": 0, "max_restarts": -1} | ({"name": name} if name else {})
     pool = SandboxPoolActor.options(**options).remote(
         partial(sandbox_backend, sandbox), workers=sandbox.workers, queue_size=sandbox.queue_size
     )

@@ -27,6 +27,12 @@ AgentRequest = tuple[list[int], int, SamplingSpec]
 # Requests gathered into one engine call: bounded so that one batch's latency stays bounded.
 MAX_BATCH_SIZE = 32
 BATCH_WAIT_S = 0.005
+# Serve's controller learns that a replica's process died from its next health check (the
+# check's call fails at once), so the period (Serve's default: 10 s) bounds how long a dead
+# replica goes unnoticed before its replacement starts. A live replica answers the check from
+# its event loop (generation runs off it); one that misses three in a row is replaced.
+HEALTH_CHECK_PERIOD_S = 1.0
+HEALTH_CHECK_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,11 @@ class AgentModel:
         self.engine.close()
 
 
-@serve.deployment(max_ongoing_requests=64)
+@serve.deployment(
+    max_ongoing_requests=64,
+    health_check_period_s=HEALTH_CHECK_PERIOD_S,
+    health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,
+)
 class AgentDeployment:
     """Serves one AgentModel. Scaling (num_replicas, autoscaling) comes from configs/serve.yaml."""
 

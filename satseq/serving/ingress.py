@@ -4,7 +4,8 @@ votes on what comes back (DESIGN §7).
 A request over a limit (problem characters, or prompt plus max_tokens over an agent's context)
 gets 413 here, before any engine sees it. An agent that fails or misses the per-request
 timeout drops out of the vote, and the response says `degraded: true`; only when no agent
-answered is it an error: 504 if some agent timed out, else 503.
+answered is it an error: 504 if some agent timed out, else 503. An agent whose replica died is
+left out until Ray Serve has replaced it (`satseq.serving.liveness`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from satseq.models import load_tokenizer
 from satseq.rewards import RewardScorer
 from satseq.serving.agent import AgentAnswers
 from satseq.serving.api import Health, PredictResponse, make_api
+from satseq.serving.liveness import AgentLiveness, awaited
 from satseq.serving.metrics import ServeMetrics
 
 HEALTH_TIMEOUT_S = 5.0
@@ -54,6 +56,10 @@ class TeamIngress:
         # Read in the replica's process: a RayService sets it on the pod (from a Secret).
         self.api_key = os.environ.get(settings.api_key_env or "") or None
         self.metrics = ServeMetrics()
+        self.liveness = {
+            name: AgentLiveness(name, handle, self.metrics.agent_up.labels(agent=name))
+            for name, handle in agents.items()
+        }
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return make_api(self)
@@ -113,16 +119,15 @@ class TeamIngress:
     ) -> tuple[dict[str, AgentAnswers], dict[str, str]]:
         """Every agent at once; returns (answers of those that answered in time, why the
         others did not)."""
-        responses = {
-            name: self.agents[name].answer.remote(ids, n, spec) for name, ids in prompts.items()
+        tasks = {
+            name: asyncio.ensure_future(self._ask_agent(name, ids, n, spec))
+            for name, ids in prompts.items()
         }
-        tasks = {name: asyncio.ensure_future(_awaited(r)) for name, r in responses.items()}
         await asyncio.wait(tasks.values(), timeout=self.settings.timeout_s)
         answered, failed = {}, {}
         for name, task in tasks.items():
             if not task.done():
-                task.cancel()
-                responses[name].cancel()
+                task.cancel()  # AgentLiveness.call cancels the agent's response
                 failed[name] = f"timeout: no answer within {self.settings.timeout_s:g} s"
             elif task.exception() is not None:
                 failed[name] = _reason(task.exception())
@@ -132,21 +137,26 @@ class TeamIngress:
             self.metrics.agent_failures.labels(agent=name).inc()
         return answered, failed
 
+    async def _ask_agent(
+        self, name: str, prompt: list[int], n: int, spec: SamplingSpec
+    ) -> AgentAnswers:
+        """One agent's answers; AgentDown at once while its replica is being replaced."""
+        handle = self.agents[name]
+        return await self.liveness[name].call(lambda: handle.answer.remote(prompt, n, spec))
+
     async def health(self) -> Health:
-        async def ready(handle: DeploymentHandle) -> bool:
+        async def ready(name: str) -> bool:
+            if self.liveness[name].is_down:
+                return False
             try:
-                return await asyncio.wait_for(_awaited(handle.ready.remote()), HEALTH_TIMEOUT_S)
+                response = self.agents[name].ready.remote()
+                return await asyncio.wait_for(awaited(response), HEALTH_TIMEOUT_S)
             except Exception:  # an agent that cannot answer is not ready, whatever the reason
                 return False
 
-        states = await asyncio.gather(*(ready(h) for h in self.agents.values()))
+        states = await asyncio.gather(*(ready(name) for name in self.agents))
         agents = dict(zip(self.agents, states, strict=True))
         return Health(status="ok" if all(states) else "unavailable", agents=agents)
-
-
-async def _awaited(response):
-    """A DeploymentResponse as a coroutine, so asyncio can wait on and cancel it."""
-    return await response
 
 
 def _reason(error: BaseException) -> str:

@@ -6,7 +6,7 @@ when it scrapes every replica (deploy/), and any one replica's /metrics is a sam
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -42,6 +42,12 @@ class ServeMetrics:
         self.agent_failures = Counter(
             "satseq_agent_failures",
             "agents that failed or timed out on a request",
+            ["agent"],
+            registry=self.registry,
+        )
+        self.agent_up = Gauge(
+            "satseq_agent_up",
+            "1 while the agent is asked, 0 while its replica is being replaced (left out)",
             ["agent"],
             registry=self.registry,
         )

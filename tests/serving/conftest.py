@@ -5,6 +5,10 @@ small applications share its agent deployments through their handles:
 - /faulty: agent a0 plus `broken`, a checkpoint whose embedding is smaller than its
   tokenizer's vocabulary, so its engine fails on every prompt (as a corrupt checkpoint would);
 - /slow: agent a0 behind an ingress whose per-request timeout nothing can meet.
+
+`resilient_server` serves the same team again as its own application (/resilient), with fixed
+replicas (REPLICAS: two of a0, one of a1 and a2), for the tests that kill replicas and measure
+memory.
 """
 
 import os
@@ -21,8 +25,9 @@ from satseq.config import load_config
 from satseq.launch import builders
 from satseq.models import resolve_model_path
 from satseq.serving.agent import AgentDeployment
-from satseq.serving.app import serve_settings, start_server
+from satseq.serving.app import AGENT_PREFIX, INGRESS, serve_settings, start_server, team_app
 from satseq.serving.ingress import TeamIngress
+from tests.serving.replicas import REPLICAS, RESILIENT_APP, TEAM
 
 API_KEY_ENV = "SATSEQ_TEST_API_KEY"
 API_KEY = "test-key-123"
@@ -33,6 +38,11 @@ LIGHT = {"ray_actor_options": {"num_cpus": 0.05}}
 class Server:
     url: str
     headers: dict[str, str]
+    team_dir: str  # the agents' HF dirs
+
+
+def team_config():
+    return load_config(overrides=[f"serve.api_key_env={API_KEY_ENV}"])
 
 
 def free_port() -> int:
@@ -55,13 +65,13 @@ def broken_model(path):
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
     tiny = resolve_model_path("builtin:tiny")
-    for name in ("a0", "a1", "a2"):  # per-agent HF dirs
+    for name in TEAM:  # per-agent HF dirs
         shutil.copytree(tiny, root / "team" / name)
     broken = broken_model(root / "broken")
     os.environ[API_KEY_ENV] = API_KEY  # before ray.init: replicas inherit it
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        config = load_config(overrides=[f"serve.api_key_env={API_KEY_ENV}"])
+        config = team_config()
         url = start_server(config, root / "team", port=free_port())
         a0 = serve.get_deployment_handle("agent_a0", app_name="satseq")
         settings = serve_settings(config, {"checkpoint_dir": str(root / "team")})
@@ -80,8 +90,25 @@ def server(tmp_path_factory):
             {"a0": a0}, {"a0": paths["a0"]}, prompt_format, scorer, slow_settings
         )
         serve.run(slow, name="slow", route_prefix="/slow")
-        yield Server(url, {"Authorization": f"Bearer {API_KEY}"})
+        yield Server(url, {"Authorization": f"Bearer {API_KEY}"}, str(root / "team"))
     finally:
         serve.shutdown()
         ray.shutdown()
         os.environ.pop(API_KEY_ENV, None)
+
+
+@pytest.fixture(scope="package")
+def resilient_server(server):
+    """The team built by `team_app` as application RESILIENT_APP, REPLICAS of each agent."""
+    config = team_config()
+    settings = serve_settings(config, {"checkpoint_dir": server.team_dir})
+    options = {
+        INGRESS: LIGHT,
+        **{AGENT_PREFIX + name: {"num_replicas": REPLICAS[name], **LIGHT} for name in TEAM},
+    }
+    route = f"/{RESILIENT_APP}"
+    serve.run(team_app(config, settings, options), name=RESILIENT_APP, route_prefix=route)
+    try:
+        yield Server(server.url + route, server.headers, server.team_dir)
+    finally:
+        serve.delete(RESILIENT_APP)

@@ -3,6 +3,8 @@
 import httpx
 import pytest
 
+from tests.serving.load import metric_samples
+
 pytestmark = pytest.mark.slow
 PROBLEM = {"problem": "Compute 3 + 4."}
 
@@ -127,14 +129,10 @@ def test_no_answer_within_the_timeout_gets_504(server):
 def test_metrics_count_requests_by_status_and_time_agents(server):
     post(server, PROBLEM)
     post(server, PROBLEM, headers={})
-    text = httpx.get(server.url + "/metrics", timeout=30).text
-    samples = {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
+    samples = metric_samples(server)
     assert samples['satseq_predict_requests_total{status="200"}'] >= 1
     assert samples['satseq_predict_requests_total{status="401"}'] >= 1
     assert samples["satseq_predict_latency_seconds_count"] >= 2
     assert samples['satseq_agent_generation_seconds_count{agent="a1"}'] >= 1
     assert samples["satseq_vote_agreement_count"] >= 1
+    assert samples['satseq_agent_up{agent="a2"}'] == 1

@@ -1,0 +1,175 @@
+"""Training survives actor and node loss ([2.5]): real SIGKILLs of a rollout actor and of a
+learner mid-stage, and a node removed from a 2-node cluster. Each test kills only processes of
+the run it started (descendants of its driver, or a node of its own cluster), by pid."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.runs import read_metrics, run_env, train_command, without_timings
+
+pytestmark = pytest.mark.slow
+STAGES = 3
+
+
+def process_title(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def descendants(root: int) -> list[int]:
+    """The processes below `root` (the driver, and the Ray instance it started)."""
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    found = []
+    for pid in pids:
+        ancestor = parent(pid)
+        while ancestor > 1 and ancestor != root:
+            ancestor = parent(ancestor)
+        if ancestor == root:
+            found.append(pid)
+    return found
+
+
+def wait_for_process(
+    driver: subprocess.Popen, title: str, root: int | None = None, timeout_s: float = 600
+) -> int:
+    """The pid of a descendant of `root` (default: the driver) whose title starts with `title`,
+    once one runs."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert driver.poll() is None, "the run ended before the process to kill appeared"
+        for pid in descendants(root or driver.pid):
+            if process_title(pid).startswith(title):
+                return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no {title} process within {timeout_s} s")
+
+
+def wait_for_stages(output_dir: Path, n: int, driver: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 600
+    while not ((output_dir / "metrics.jsonl").exists() and len(read_metrics(output_dir)) >= n):
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def without_faults(record: dict) -> dict:
+    return {k: v for k, v in without_timings(record).items() if not k.startswith("faults/")}
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory, built_quickstart_model):
+    output_dir = tmp_path_factory.mktemp("straight")
+    subprocess.run(train_command(output_dir, STAGES), check=True, timeout=600, env=run_env())
+    return read_metrics(output_dir)
+
+
+def start_run(output_dir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        train_command(output_dir, STAGES, *extra),
+        env=run_env(),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(driver: subprocess.Popen) -> None:
+    try:
+        _, stderr = driver.communicate(timeout=900)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert driver.returncode == 0, stderr[-3000:]
+
+
+def test_a_rollout_actor_killed_mid_stage_is_restarted_and_the_stage_retried(
+    tmp_path, straight_run
+):
+    driver = start_run(tmp_path)
+    wait_for_stages(tmp_path, 1, driver)  # stage 1 restarts from stage 0's checkpoint
+    os.kill(wait_for_process(driver, "ray::RolloutWorker.generate"), signal.SIGKILL)
+    started = time.monotonic()
+    finish(driver)
+    metrics = read_metrics(tmp_path)
+    assert [without_faults(m) for m in metrics] == [without_faults(m) for m in straight_run]
+    assert sum(m["faults/rollout"] for m in metrics) == 1
+    assert sum(m["faults/learner"] for m in metrics) == 0
+    recovery = sum(m["time/recovery"] for m in metrics)
+    elapsed = time.monotonic() - started
+    print(
+        f"\nrollout actor: recovered in {recovery:.1f} s; run ended {elapsed:.0f} s after the kill"
+    )
+
+
+def test_a_learner_killed_mid_update_is_restarted_and_the_stage_retried(tmp_path, straight_run):
+    driver = start_run(tmp_path)
+    # stage 0: no checkpoint yet, so every learner restarts from the initial weights
+    os.kill(wait_for_process(driver, "ray::Learner.update"), signal.SIGKILL)
+    finish(driver)
+    metrics = read_metrics(tmp_path)
+    assert [without_faults(m) for m in metrics] == [without_faults(m) for m in straight_run]
+    assert metrics[0]["faults/learner"] == 1
+    assert any(m["accepted/a0"] > 0 for m in metrics)  # the runs learned: equality is not trivial
+    print(f"\nlearner: recovered in {metrics[0]['time/recovery']:.1f} s")
+
+
+def test_a_run_without_retries_left_stops_with_what_died(tmp_path, built_quickstart_model):
+    driver = start_run(tmp_path, "--set", "trainer.max_stage_retries=0")
+    os.kill(wait_for_process(driver, "ray::RolloutWorker.generate"), signal.SIGKILL)
+    _, stderr = driver.communicate(timeout=600)
+    assert driver.returncode != 0
+    assert "trainer.max_stage_retries=0" in stderr and "rollout 1×" in stderr
+
+
+def raylet_pid(node) -> int:
+    return node.all_processes["raylet"][0].process.pid
+
+
+def test_the_run_finishes_when_the_node_of_its_actors_is_removed(tmp_path, built_quickstart_model):
+    from ray.cluster_utils import Cluster
+
+    # Loopback only: the driver would otherwise turn 127.0.0.1 into this machine's address
+    env = run_env() | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    loopback = {"node_ip_address": "127.0.0.1"}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, **loopback})
+    doomed = cluster.add_node(num_cpus=2, **loopback)  # the whole team's placement group fits
+    driver = subprocess.Popen(
+        train_command(tmp_path, STAGES, "--address", cluster.address),
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_stages(tmp_path, 1, driver)
+        cluster.add_node(num_cpus=2, **loopback)  # where the team goes once `doomed` is gone
+        # the coordinator (no resources) runs beside the driver, on the head node
+        wait_for_process(driver, "ray::Coordinator", root=raylet_pid(cluster.head_node))
+        # mid-stage: while the rollout actor, a process of the doomed node, generates
+        wait_for_process(driver, "ray::RolloutWorker.generate", root=raylet_pid(doomed))
+        cluster.remove_node(doomed)
+        started = time.monotonic()
+        finish(driver)
+        metrics = read_metrics(tmp_path)
+        assert [m["stage"] for m in metrics] == list(range(STAGES))
+        assert sum(sum(v for k, v in m.items() if k.startswith("faults/")) for m in metrics) >= 1
+        print(f"\nnode loss: run ended {time.monotonic() - started:.0f} s after the removal")
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+        cluster.shutdown()
