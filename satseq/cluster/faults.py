@@ -61,11 +61,13 @@ class FaultLog:
             ) from error
 
     def stage_metrics(self) -> dict[str, float]:
-        """`faults/<kind>` (this stage's recoveries) and `time/recovery`; then starts afresh."""
+        """`faults/<kind>` (this stage's recoveries) and, after a recovery, `time/recovery`;
+        then starts afresh for the next stage."""
         metrics: dict[str, float] = {
             f"faults/{kind}": self.stage_faults[kind] for kind in FAULT_KINDS
         }
-        metrics["time/recovery"] = self.recovery_seconds
+        if self.stage_faults:
+            metrics["time/recovery"] = self.recovery_seconds
         self.stage_faults.clear()
         self.recovery_seconds = 0.0
         return metrics

@@ -14,6 +14,7 @@ from tests.deploy.observed_run import REPO, STAGES
 
 DASHBOARD = REPO / "deploy" / "grafana" / "satseq-training.json"
 RAY_PREFIX = "ray_"  # Ray's Prometheus exporter prefixes every custom metric name
+SATSEQ_TAGS = {"run", "agent", *(tag for _, tag in TAGGED_FAMILIES.values())}
 
 
 def test_gauge_points_tag_agents_phases_and_sandbox_statuses():
@@ -52,7 +53,7 @@ def scraped_samples(text: str) -> dict[tuple[str, tuple], float]:
                     sorted(
                         (k, v)
                         for k, v in sample.labels.items()
-                        if k in ("run", "agent", "phase", "status")
+                        if k in SATSEQ_TAGS
                     )
                 )
                 samples[sample.name.removeprefix(RAY_PREFIX), tags] = sample.value
