@@ -36,6 +36,11 @@ from satseq.algo.kl import kl_k3, kl_quantile, sequence_kl
 from satseq.algo.lm_head import DEFAULT_CHUNK_TOKENS, OutputLayer, chunked_logprobs_and_kl
 from satseq.algo.losses import Aggregation, RatioMode, kl_penalty, policy_loss
 from satseq.algo.masks import owner_mask
+from satseq.algo.projection import (
+    chunked_distillation_kl,
+    chunked_mixture_kl,
+    projection_lambda,
+)
 from satseq.algo.trust_region import (
     StepDecision,
     StepOutcome,
@@ -163,6 +168,28 @@ class Attempt:
     clip_fraction: float
     kl_quantile: float
     logp_new: torch.Tensor  # [N, T] under the weights after the step
+
+
+@dataclass(frozen=True)
+class PolicyStates:
+    """A policy at the agent's response states of a batch, as the exact KL needs it: its output
+    layer and its last hidden states [M, H] at those M states (row-major over the trajectories'
+    own response tokens), on the CPU. What a swap's incoming learner gets of π_cur."""
+
+    layer: OutputLayer
+    hidden: torch.Tensor
+
+
+@dataclass(frozen=True)
+class DistillResult:
+    """What the Stage-0 projection did: λ of the target π_λ, the mean per-state
+    KL(π_θ ‖ π_cur) before and after distilling towards it, and the optimiser steps taken."""
+
+    lam: float
+    kl_before: float
+    kl: float
+    steps: int
+    met_budget: bool
 
 
 class Learner:
@@ -471,6 +498,120 @@ class Learner:
         q = kl_quantile(torch.cat(seq_kls), self.spec.trust_region.alpha)
         return q, logp_new
 
+    # --- the Stage-0 projection of a swapped-in agent ---------------------------------------------
+
+    def _own_states(self, batch: PaddedBatch) -> torch.Tensor:
+        """Bool [n, T]: the response states whose token the agent wrote."""
+        own = owner_mask(batch.owner_ids, [self.spec.agent_index], batch.response_mask)
+        return response_positions(batch) & (own > 0)
+
+    @torch.no_grad()
+    def _own_hidden_states(self, trajectories: list[Trajectory]) -> list[torch.Tensor]:
+        """Per micro-batch, the last hidden states at the agent's response states, [M_mb, H]."""
+        hidden = []
+        for _, batch in self._micro_batches(trajectories):
+            with self.autocast():
+                states = response_hidden_states(self.model, batch)[self._own_states(batch)]
+            hidden.append(states.to(self.compute_dtype))
+        return hidden
+
+    def policy_states(self, trajectories: list[Trajectory]) -> PolicyStates:
+        """This policy (π_cur of a swap) at the agent's response states of `trajectories`."""
+        layer = output_layer(self.model).detached_copy(self.compute_dtype)
+        hidden = torch.cat(self._own_hidden_states(trajectories))
+        bias = None if layer.bias is None else layer.bias.cpu()
+        return PolicyStates(OutputLayer(layer.weight.cpu(), bias), hidden.cpu())
+
+    def distill(
+        self,
+        trajectories: list[Trajectory],
+        current: PolicyStates,
+        delta0: float,
+        max_steps: int,
+        lr: float,
+        target_fraction: float = 1.0,
+    ) -> DistillResult:
+        """The Stage-0 projection: this (incoming) model π_pre distilled towards the per-state
+        target π_λ ∝ π_pre^{1/(1+λ)} π_cur^{λ/(1+λ)} at the agent's response states of
+        `trajectories`, λ bisected so that the mean KL(π_λ ‖ π_cur) ≤ target_fraction·δ0.
+
+        The loss is the exact vocabulary KL(π_λ ‖ π_θ), token-mean, a chunk of states at a
+        time; steps go on until the measured mean KL(π_θ ‖ π_cur) ≤ δ0 or `max_steps` are
+        taken. It uses an AdamW of its own, so the learner's optimiser stays fresh.
+        """
+        spec = self.spec
+        micro_batches = [batch for _, batch in self._micro_batches(trajectories)]
+        where = [self._own_states(batch) for batch in micro_batches]
+        counts = [int(w.sum()) for w in where]
+        if current.hidden.shape[0] != sum(counts):
+            raise ValueError(
+                f"π_cur was given at {current.hidden.shape[0]} states, the batch has {sum(counts)}"
+            )
+        pre = output_layer(self.model).detached_copy(self.compute_dtype)
+        hidden_pre = self._own_hidden_states(trajectories)
+        cur = _on_device(current.layer, self.device)
+        hidden_cur = list(current.hidden.to(self.device).split(counts))
+        total = max(sum(counts), 1)
+
+        def mean_state_kl(per_micro_batch: Callable[[int], torch.Tensor]) -> float:
+            with torch.no_grad(), self.autocast():
+                return sum(float(per_micro_batch(k).sum()) for k in range(len(counts))) / total
+
+        def kl_at(lam: float) -> float:  # mean per-state KL(π_λ ‖ π_cur)
+            return mean_state_kl(
+                lambda k: chunked_mixture_kl(
+                    pre,
+                    hidden_pre[k],
+                    cur,
+                    hidden_cur[k],
+                    lam,
+                    spec.temperature,
+                    spec.logit_chunk_tokens,
+                )
+            )
+
+        def measured_kl() -> float:  # mean per-state KL(π_θ ‖ π_cur)
+            return mean_state_kl(
+                lambda k: chunked_logprobs_and_kl(
+                    response_hidden_states(self.model, micro_batches[k])[where[k]],
+                    micro_batches[k].response_ids[where[k]],
+                    output_layer(self.model),
+                    spec.temperature,
+                    reference_hidden=hidden_cur[k],
+                    reference=cur,
+                    chunk_tokens=spec.logit_chunk_tokens,
+                )[1]
+            )
+
+        lam = projection_lambda(kl_at, target_fraction * delta0)
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        kl_before = kl = measured_kl()
+        steps = 0
+        while kl > delta0 and steps < max_steps:
+            optimizer.zero_grad(set_to_none=True)
+            for k, batch in enumerate(micro_batches):
+                with self.autocast():
+                    loss = (
+                        chunked_distillation_kl(
+                            output_layer(self.model),
+                            response_hidden_states(self.model, batch)[where[k]],
+                            pre,
+                            hidden_pre[k],
+                            cur,
+                            hidden_cur[k],
+                            lam,
+                            spec.temperature,
+                            spec.logit_chunk_tokens,
+                        ).sum()
+                        / total
+                    )
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.optimizer.grad_clip)
+            optimizer.step()
+            steps += 1
+            kl = measured_kl()
+        return DistillResult(lam, kl_before, kl, steps, kl <= delta0)
+
     # --- weights and state ---------------------------------------------------------------------
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -521,6 +662,11 @@ class Learner:
 
     def ready(self) -> bool:
         return True
+
+
+def _on_device(layer: OutputLayer, device: torch.device) -> OutputLayer:
+    bias = None if layer.bias is None else layer.bias.to(device)
+    return OutputLayer(layer.weight.to(device), bias)
 
 
 LearnerActor = ray.remote(Learner)

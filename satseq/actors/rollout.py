@@ -56,11 +56,14 @@ class RolloutWorker:
         if use_tools and sandbox is None:
             raise ValueError("tool-augmented rollouts need a sandbox to run the model's code")
         self.engine_kind = engine
+        self.engine_options = engine_options or {}
+        self.seeds = {name: seed + k for k, name in enumerate(agent_paths)}
         self.engines: dict[str, Engine] = {
-            name: make_engine(engine, path, seed=seed + k, **(engine_options or {}))
-            for k, (name, path) in enumerate(agent_paths.items())
+            name: make_engine(engine, path, seed=self.seeds[name], **self.engine_options)
+            for name, path in agent_paths.items()
         }
         self.tokenizers = {name: load_tokenizer(path) for name, path in agent_paths.items()}
+        self.tools = tools if use_tools else None
         self.scorer = scorer
         self.sandbox: SandboxClient | None = None
         self.tool_loops: dict[str, ToolLoop] = {}
@@ -138,6 +141,20 @@ class RolloutWorker:
     def load_weights(self, agent_name: str, weights: dict[str, torch.Tensor]) -> None:
         """Push the learner's `state_dict()` into `agent_name`'s engine in place."""
         self._engine(agent_name).load_weights(weights)
+
+    def replace_agent(self, agent_name: str, path: str) -> None:
+        """A swap: `agent_name`'s engine (and tool loop) rebuilt on the model at `path`, with the
+        agent's seed; the old engine is closed. Its weights then come from the new learner."""
+        old = self._engine(agent_name)
+        old.close()
+        self.engines[agent_name] = make_engine(
+            self.engine_kind, path, seed=self.seeds[agent_name], **self.engine_options
+        )
+        self.tokenizers[agent_name] = load_tokenizer(path)
+        if self.tools is not None:
+            self.tool_loops[agent_name] = ToolLoop(
+                self.engines[agent_name], self.tokenizers[agent_name], self.sandbox, self.tools
+            )
 
     def _engine(self, agent: str) -> Engine:
         if agent not in self.engines:

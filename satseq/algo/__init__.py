@@ -34,6 +34,15 @@ from satseq.algo.losses import (
     policy_loss,
 )
 from satseq.algo.masks import NO_OWNER, masked_mean, masked_sum, owner_mask
+from satseq.algo.projection import (
+    chunked_distillation_kl,
+    chunked_mixture_kl,
+    geometric_mixture,
+    mean_mixture_kl,
+    mixture_kl_to_current,
+    projection_lambda,
+    projection_lambda_from_logprobs,
+)
 from satseq.algo.scheduler import AgentScheduler, order_by_score
 from satseq.algo.spo import (
     BetaTracker,
@@ -70,11 +79,14 @@ __all__ = [
     "bandit_lower_bound",
     "beta_prior",
     "binarise_score",
+    "chunked_distillation_kl",
+    "chunked_mixture_kl",
     "clip_advantages",
     "clipped_surrogate",
     "discounted_beta_update",
     "gae",
     "gae_group_advantages",
+    "geometric_mixture",
     "group_advantages",
     "kl_adaptive_rho",
     "kl_exact",
@@ -87,10 +99,14 @@ __all__ = [
     "masked_mean",
     "masked_sum",
     "mean_lower_confidence",
+    "mean_mixture_kl",
+    "mixture_kl_to_current",
     "order_by_score",
     "owner_mask",
     "pass_at_k",
     "policy_loss",
+    "projection_lambda",
+    "projection_lambda_from_logprobs",
     "restore_training_state",
     "sampling_weights",
     "sequence_kl",

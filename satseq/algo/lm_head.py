@@ -12,6 +12,7 @@ small probabilities the ratio and KL are made of).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +63,31 @@ def _chunk_logprob_and_kl(
     return logp, kl_exact_from_logprobs(logp_vocabulary, reference_logp)  # DESIGN §4 KL
 
 
+def map_chunks(
+    chunk_fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]],
+    rows: tuple[torch.Tensor, ...],
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """chunk_fn over `chunk_tokens` rows at a time of the per-state tensors `rows` (each [M, ...]),
+    its per-state outputs ([m] each) concatenated to [M]. Under autograd (a row tensor requires
+    grad) each chunk is checkpointed: backward recomputes its [m, V] logits instead of keeping
+    them."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
+    M = rows[0].shape[0]
+    checkpointed = torch.is_grad_enabled() and any(r.requires_grad for r in rows)
+    outputs = []
+    for start in range(0, max(M, 1), chunk_tokens):  # M = 0: one empty chunk, typed outputs
+        chunk = tuple(r[start : start + chunk_tokens] for r in rows)
+        if checkpointed:
+            outputs.append(checkpoint(chunk_fn, *chunk, use_reentrant=False))
+        else:
+            outputs.append(chunk_fn(*chunk))
+    if isinstance(outputs[0], tuple):
+        return tuple(torch.cat(parts) for parts in zip(*outputs, strict=True))
+    return torch.cat(outputs)
+
+
 def chunked_logprobs_and_kl(
     hidden: torch.Tensor,
     tokens: torch.Tensor,
@@ -79,28 +105,15 @@ def chunked_logprobs_and_kl(
     """
     if (reference is None) != (reference_hidden is None):
         raise ValueError("the exact KL needs both π_cur's hidden states and its output layer")
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
-    logps, kls = [], []
-    for start in range(0, hidden.shape[0], chunk_tokens):
-        rows = slice(start, start + chunk_tokens)
-        args = (
-            hidden[rows],
-            tokens[rows],
-            layer,
-            temperature,
-            None if reference_hidden is None else reference_hidden[rows],
-            reference,
-        )
-        if torch.is_grad_enabled() and hidden.requires_grad:
-            # keep only the chunk's inputs for backward; its [m, V] logits are recomputed there
-            logp, kl = checkpoint(_chunk_logprob_and_kl, *args, use_reentrant=False)
-        else:
-            logp, kl = _chunk_logprob_and_kl(*args)
-        logps.append(logp)
-        kls.append(kl)
-    empty = hidden.new_zeros(0, dtype=torch.promote_types(hidden.dtype, torch.float32))
-    logp = torch.cat(logps) if logps else empty
     if reference is None:
+        logp, _ = map_chunks(
+            lambda h, y: _chunk_logprob_and_kl(h, y, layer, temperature, None, None),
+            (hidden, tokens),
+            chunk_tokens,
+        )
         return logp, None
-    return logp, torch.cat(kls) if kls else empty
+    return map_chunks(
+        lambda h, y, h_cur: _chunk_logprob_and_kl(h, y, layer, temperature, h_cur, reference),
+        (hidden, tokens, reference_hidden),
+        chunk_tokens,
+    )

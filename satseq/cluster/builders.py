@@ -92,9 +92,11 @@ def learner_spec(
     settings: LearnerSettings,
     device: str,
     num_threads: int,
+    model_path: str | None = None,
 ) -> LearnerSpec:
-    """Agent `agent_index`'s learner: its model, the recipe's loss and trust region (and value
-    head lr in `gae` mode), and the `trainer` section's settings."""
+    """Agent `agent_index`'s learner: its model (`team.agents[i].path`, or `model_path` after a
+    swap), the recipe's loss and trust region (and value head lr in `gae` mode), and the
+    `trainer` section's settings."""
     trainer = config.trainer
     dtype = (
         trainer.dtype
@@ -102,7 +104,7 @@ def learner_spec(
         else ("bfloat16" if device == "cuda" else "float32")
     )
     return LearnerSpec(
-        model_path=config.team.agents[agent_index].path,
+        model_path=model_path or config.team.agents[agent_index].path,
         agent_index=agent_index,
         loss=settings.loss,
         trust_region=settings.trust_region,

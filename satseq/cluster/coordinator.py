@@ -30,6 +30,7 @@ from satseq.cluster.faults import (
 from satseq.cluster.metrics import StageLog
 from satseq.cluster.recipes import RECIPES
 from satseq.cluster.runtime import start_on_ray
+from satseq.cluster.swap import apply_swaps
 from satseq.config import RunConfig
 from satseq.evaluation.datasets import resolve_dataset
 from satseq.evaluation.outputs import write_predictions
@@ -65,8 +66,12 @@ class Coordinator:
         died during it), then its outputs and the resume checkpoint."""
         while True:
             try:
+                # a swap due now happens inside the retry: a retry restores the team before it
+                swaps = apply_swaps(
+                    self.runtime, self.config, self.recipe, self.problems, self.stage
+                )
                 result = self.recipe.run_stage(self.stage)
-                metrics = {"stage": self.stage, **result.metrics}
+                metrics = {"stage": self.stage, **swaps, **result.metrics}
                 if self._validation_due():
                     self.runtime.set_progress("validation")
                     metrics |= self.validate()
@@ -104,6 +109,7 @@ class Coordinator:
         if self.stage > 0:
             self._restore()
             return
+        self._rebuild_swapped_agents(self._configured_paths())
         restart(self.runtime.learners)
         wait_until_alive(self._pings())
         for i in range(len(self.runtime.agents)):
@@ -164,6 +170,7 @@ class Coordinator:
             "learners": ray.get([learner.state_dict.remote() for learner in self.runtime.learners]),
             "recipe": self.recipe.state_dict(),
             "rng": _rng_state(),
+            "agent_paths": list(self.runtime.agent_paths),  # swaps change them
         }
         save_checkpoint(self.output_dir / "checkpoints", self.stage - 1, state)
 
@@ -173,6 +180,7 @@ class Coordinator:
         if found is None:
             return None
         completed_stage, state = found
+        self._rebuild_swapped_agents(state.get("agent_paths", self._configured_paths()))
         ray.get(
             [
                 learner.load_state_dict.remote(s)
@@ -185,6 +193,19 @@ class Coordinator:
         self.recipe.load_state_dict(state["recipe"])
         _set_rng_state(state["rng"])
         return completed_stage
+
+    def _configured_paths(self) -> list[str]:
+        return [agent.path for agent in self.config.team.agents]
+
+    def _rebuild_swapped_agents(self, paths: list[str]) -> None:
+        """Each agent's learner and engines on `paths[i]` (the checkpoint's), where the running
+        one differs or was swapped (a restarted rollout actor comes back on the configured
+        model); their state is loaded next."""
+        rt = self.runtime
+        configured = self._configured_paths()
+        for i, path in enumerate(paths):
+            if path != rt.agent_paths[i] or path != configured[i]:
+                rt.replace_agent(i, path)
 
     # --- progress (polled by the driver while a stage runs) -------------------------------------
 

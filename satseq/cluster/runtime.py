@@ -13,13 +13,22 @@ over either kind of handle (`satseq.actors.calls`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from itertools import count
 from typing import Any
 
 import numpy as np
+import ray
 import torch
 
 from satseq.actors.calls import ActorCalls, InProcessCalls, RayCalls
-from satseq.actors.learner import Learner, LearnerActor, UpdateResult
+from satseq.actors.learner import (
+    DistillResult,
+    Learner,
+    LearnerActor,
+    PolicyStates,
+    UpdateResult,
+)
 from satseq.actors.rollout import RolloutWorker, spread_requests
 from satseq.actors.topology import chain_rollouts, owner_rollouts
 from satseq.actors.trajectory import Reference, SamplingSpec, Trajectory
@@ -50,8 +59,16 @@ class TeamRuntime:
         rollouts: list,
         calls: ActorCalls,
         sandbox: Any = None,
+        agent_paths: list[str] | None = None,
+        start_learner: Callable[[int, str], Any] | None = None,
+        stop_learner: Callable[[Any], None] | None = None,
     ):
         self.agents = agents
+        self.agent_paths = agent_paths or []
+        """Each agent's model as configured (`team.agents[i].path`, or a swap's `path`)."""
+        self.start_learner = start_learner
+        """`start_learner(i, path)`: a fresh learner for agent i on the model at `path`."""
+        self.stop_learner = stop_learner
         self.tokenizers = tokenizers
         self.prompt_format = prompt_format
         self.scorer = scorer
@@ -171,6 +188,45 @@ class TeamRuntime:
             ]
         )
 
+    # --- swapping an agent ----------------------------------------------------------------------
+
+    def policy_states(self, i: int, trajectories: list[Trajectory]) -> PolicyStates:
+        """Agent i's current policy at its response states of `trajectories` (a swap's π_cur)."""
+        return self.calls.wait([self.calls.start(self.learners[i], "policy_states", trajectories)])[
+            0
+        ]
+
+    def replace_agent(self, i: int, path: str) -> None:
+        """Agent i gets a fresh learner on the model at `path` (its own optimiser, β from the
+        config) in place of its old one, which is stopped; the rollout engines rebuild agent
+        i's engine on that model. The caller pushes the new learner's weights when it is done."""
+        resolved = str(resolve_model_path(path))
+        self.stop_learner(self.learners[i])
+        self.learners[i] = self.start_learner(i, path)
+        self.calls.wait([self.calls.start(self.learners[i], "ready")])
+        self.calls.wait(
+            [
+                self.calls.start(worker, "replace_agent", self.agents[i], resolved)
+                for worker in self.rollouts
+            ]
+        )
+        self.tokenizers[i] = load_tokenizer(resolved)
+        self.agent_paths[i] = path
+
+    def distill(
+        self,
+        i: int,
+        trajectories: list[Trajectory],
+        current: PolicyStates,
+        delta0: float,
+        max_steps: int,
+        lr: float,
+        target_fraction: float,
+    ) -> DistillResult:
+        """Agent i's Stage-0 projection towards π_cur (`Learner.distill`)."""
+        args = (trajectories, current, delta0, max_steps, lr, target_fraction)
+        return self.calls.wait([self.calls.start(self.learners[i], "distill", *args)])[0]
+
     # --- what the stage logs -------------------------------------------------------------------
 
     def team_vote_accuracy(self, trajectories: list[Trajectory], group_size: int) -> float:
@@ -215,9 +271,14 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
     sandbox = (
         start_sandbox_pool(config, "satseq-sandbox-pool") if config.rollout.tools.enabled else None
     )
-    learners = [
-        LearnerActor.options(
-            name=f"satseq-learner-{name}", **placement.learner_options(i), **RESTARTED_ACTOR
+    generation = count()  # a swapped-in learner's actor gets a name of its own
+
+    def start_learner(i: int, path: str | None = None):
+        suffix = "" if path is None else f"-{next(generation)}"
+        return LearnerActor.options(
+            name=f"satseq-learner-{agents[i]}{suffix}",
+            **placement.learner_options(i),
+            **RESTARTED_ACTOR,
         ).remote(
             learner_spec(
                 config,
@@ -225,10 +286,11 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
                 settings,
                 placement.learner_device,
                 max(1, int(config.trainer.resources.num_cpus)),
+                model_path=path,
             )
         )
-        for i, name in enumerate(agents)
-    ]
+
+    learners = [start_learner(i) for i in range(len(agents))]
     rollouts = start_rollout_actors(
         config,
         dict(zip(agents, model_paths, strict=True)),
@@ -237,7 +299,17 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
         sandbox=sandbox,
     )
     RayCalls().wait([learner.ready.remote() for learner in learners])
-    return _runtime(config, agents, model_paths, learners, rollouts, RayCalls(), sandbox)
+    return _runtime(
+        config,
+        agents,
+        model_paths,
+        learners,
+        rollouts,
+        RayCalls(),
+        sandbox,
+        start_learner=start_learner,
+        stop_learner=lambda learner: ray.kill(learner, no_restart=True),
+    )
 
 
 def start_in_process(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
@@ -246,7 +318,11 @@ def start_in_process(config: RunConfig, settings: LearnerSettings) -> TeamRuntim
     if config.rollout.tools.enabled:
         raise ValueError("the in-process runtime runs no sandbox: set rollout.tools.enabled=false")
     agents, model_paths = _team(config)
-    learners = [Learner(learner_spec(config, i, settings, "cpu", 1)) for i in range(len(agents))]
+
+    def start_learner(i: int, path: str | None = None) -> Learner:
+        return Learner(learner_spec(config, i, settings, "cpu", 1, model_path=path))
+
+    learners = [start_learner(i) for i in range(len(agents))]
     worker = RolloutWorker(
         dict(zip(agents, model_paths, strict=True)),
         config.rollout.engine,
@@ -254,7 +330,16 @@ def start_in_process(config: RunConfig, settings: LearnerSettings) -> TeamRuntim
         config.trainer.seed,
         scorer=reward_scorer(config),
     )
-    return _runtime(config, agents, model_paths, learners, [worker], InProcessCalls())
+    return _runtime(
+        config,
+        agents,
+        model_paths,
+        learners,
+        [worker],
+        InProcessCalls(),
+        start_learner=start_learner,
+        stop_learner=lambda learner: None,  # garbage-collected once replaced
+    )
 
 
 def _team(config: RunConfig) -> tuple[list[str], list[str]]:
@@ -263,7 +348,9 @@ def _team(config: RunConfig) -> tuple[list[str], list[str]]:
     return agents, [str(resolve_model_path(agent.path)) for agent in config.team.agents]
 
 
-def _runtime(config, agents, model_paths, learners, rollouts, calls, sandbox=None) -> TeamRuntime:
+def _runtime(
+    config, agents, model_paths, learners, rollouts, calls, sandbox=None, **learner_factory
+) -> TeamRuntime:
     return TeamRuntime(
         agents,
         [load_tokenizer(path) for path in model_paths],
@@ -273,4 +360,6 @@ def _runtime(config, agents, model_paths, learners, rollouts, calls, sandbox=Non
         rollouts,
         calls,
         sandbox=sandbox,
+        agent_paths=[agent.path for agent in config.team.agents],
+        **learner_factory,
     )

@@ -36,9 +36,30 @@ class AgentConfig(Section):
     )
 
 
+class SwapConfig(Section):
+    """Plug-and-play: at the start of stage `at_stage`, agent `agent` is replaced by the model at
+    `path` (same tokenizer), first projected towards the outgoing policy (mean per-state KL ≤
+    delta0), then trained on by a fresh learner."""
+
+    agent: str = Field(min_length=1, description="the team agent to replace")
+    path: str = Field(min_length=1, description="the incoming model: HF dir, hub name, builtin:")
+    at_stage: int = Field(ge=0, description="the swap happens before this stage")
+    delta0: float = Field(
+        0.05, gt=0.0, description="the projection's budget: mean per-state KL(π_new ‖ π_cur)"
+    )
+    max_steps: int = Field(
+        100, ge=0, description="distillation steps at most (logged when the budget is not met)"
+    )
+    lr: float | None = Field(None, gt=0.0, description="distillation lr; None: trainer.lr")
+    samples_per_prompt: int = Field(
+        2, ge=1, description="the outgoing agent's samples per stage prompt (the KL's states)"
+    )
+
+
 class TeamConfig(Section):
     topology: Literal["mixture", "chain"] = "mixture"
     agents: list[AgentConfig] = Field(default_factory=list)
+    swaps: list[SwapConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique_names(self) -> TeamConfig:
@@ -46,6 +67,14 @@ class TeamConfig(Section):
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
             raise ValueError(f"agent names must be unique, repeated: {duplicated}")
+        for k, swap in enumerate(self.swaps):
+            if names and swap.agent not in names:
+                raise ValueError(
+                    f"team.swaps[{k}].agent: {swap.agent!r} is not a team agent (agents: {names})"
+                )
+        slots = [(swap.agent, swap.at_stage) for swap in self.swaps]
+        if len(set(slots)) < len(slots):
+            raise ValueError("team.swaps: an agent is swapped twice at the same stage")
         return self
 
 
@@ -354,7 +383,9 @@ class RunConfig(Section):
                 raise ValueError(
                     "team.agents and sat_seq.agents disagree: give the agent list once"
                 )
-            self.team = TeamConfig(topology=self.team.topology, agents=seeds_agents)
+            self.team = TeamConfig(
+                topology=self.team.topology, agents=seeds_agents, swaps=self.team.swaps
+            )
             self.sat_seq = self.sat_seq.model_copy(update={"agents": None})
         if not self.team.agents:
             raise ValueError("team.agents is empty: list at least one {name, path}")

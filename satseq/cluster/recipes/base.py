@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import torch
 
-from satseq.actors.learner import UpdateResult
+from satseq.actors.learner import DistillResult, PolicyStates, UpdateResult
 from satseq.actors.trajectory import GenerateFn, SamplingSpec, Trajectory
 from satseq.cluster.builders import LearnerSettings
 from satseq.cluster.stage_batch import StageBatch
@@ -23,6 +23,7 @@ class Runtime(Protocol):
     in-process). Agents are indices into `agents`, in team order."""
 
     agents: list[str]
+    agent_paths: list[str]
     tokenizers: list
     generate: GenerateFn
 
@@ -70,6 +71,27 @@ class Runtime(Protocol):
 
     def push_weights(self, i: int) -> None:
         """Agent i's rollout engines get its current weights."""
+        ...
+
+    def policy_states(self, i: int, trajectories: list[Trajectory]) -> PolicyStates:
+        """Agent i's current policy at its response states (a swap's π_cur)."""
+        ...
+
+    def replace_agent(self, i: int, path: str) -> None:
+        """Agent i gets a fresh learner and fresh engines on the model at `path`."""
+        ...
+
+    def distill(
+        self,
+        i: int,
+        trajectories: list[Trajectory],
+        current: PolicyStates,
+        delta0: float,
+        max_steps: int,
+        lr: float,
+        target_fraction: float,
+    ) -> DistillResult:
+        """Agent i's Stage-0 projection towards π_cur."""
         ...
 
     def team_vote_accuracy(self, trajectories: list[Trajectory], group_size: int) -> float: ...
