@@ -62,8 +62,8 @@ class Coordinator:
     # --- one stage ----------------------------------------------------------------------------
 
     def run_stage(self) -> dict[str, Any]:
-        """The recipe's stage `self.stage` (again from its start, whenever an actor or a node
-        died during it), then its outputs and the resume checkpoint."""
+        """The recipe's stage `self.stage`, its outputs and the resume checkpoint; all of it
+        again from the stage's start whenever an actor or a node died on the way."""
         while True:
             try:
                 # a swap due now happens inside the retry: a retry restores the team before it
@@ -75,12 +75,13 @@ class Coordinator:
                 if self._validation_due():
                     self.runtime.set_progress("validation")
                     metrics |= self.validate()
+                metrics |= self.faults.stage_metrics()
+                self._write_outputs(metrics, result.certificate)
                 break
             except ACTOR_LOSS as error:
                 self._recover(error)
-        metrics |= self.faults.stage_metrics()
+        self.faults.next_stage()
         self.stage += 1
-        self._write_outputs(metrics, result.certificate)
         return metrics
 
     def _recover(self, error: BaseException) -> None:
@@ -145,8 +146,10 @@ class Coordinator:
     # --- outputs and resume ---------------------------------------------------------------------
 
     def _write_outputs(self, metrics: dict[str, Any], certificate: dict[str, Any]) -> None:
+        """The stage's HF directories (every `save_every` stages and the last), then its line of
+        metrics.jsonl and the resume checkpoint. Everything that asks the actors comes first, so
+        an actor lost here leaves no line behind and the stage is retried whole."""
         stage = metrics["stage"]
-        self.log.write(metrics, {"stage": stage, **certificate})
         last = stage + 1 == self.config.trainer.stages
         if (stage + 1) % self.config.trainer.save_every == 0 or last:
             ray.get(
@@ -159,20 +162,15 @@ class Coordinator:
                     )
                 ]
             )
-        self.checkpoint()
-
-    def checkpoint(self) -> None:
-        """The resume state after the last complete stage, written atomically."""
-        if self.stage == 0:
-            return
         state = {
-            "stage": self.stage,
+            "stage": stage + 1,  # where a resumed run starts
             "learners": ray.get([learner.state_dict.remote() for learner in self.runtime.learners]),
             "recipe": self.recipe.state_dict(),
             "rng": _rng_state(),
             "agent_paths": list(self.runtime.agent_paths),  # swaps change them
         }
-        save_checkpoint(self.output_dir / "checkpoints", self.stage - 1, state)
+        self.log.write(metrics, {"stage": stage, **certificate})
+        save_checkpoint(self.output_dir / "checkpoints", stage, state)
 
     def _restore(self) -> int | None:
         """Load the newest checkpoint, push its weights to the engines; the stage it ended."""

@@ -61,16 +61,19 @@ class FaultLog:
             ) from error
 
     def stage_metrics(self) -> dict[str, float]:
-        """`faults/<kind>` (this stage's recoveries) and, after a recovery, `time/recovery`;
-        then starts afresh for the next stage."""
+        """`faults/<kind>` (this stage's recoveries so far) and, after a recovery,
+        `time/recovery`."""
         metrics: dict[str, float] = {
             f"faults/{kind}": self.stage_faults[kind] for kind in FAULT_KINDS
         }
         if self.stage_faults:
             metrics["time/recovery"] = self.recovery_seconds
+        return metrics
+
+    def next_stage(self) -> None:
+        """The stage is done: the next one starts with no faults."""
         self.stage_faults.clear()
         self.recovery_seconds = 0.0
-        return metrics
 
 
 def fault_kind(error: BaseException, roles: dict[str, str]) -> str:

@@ -68,7 +68,7 @@ def test_ray_job_submit_runs_training_on_a_loopback_cluster(tmp_path, built_quic
         ]
         # Right after `ray start` the head's job agent may not be registered yet; Ray answers
         # that with "No available agent ... try again later" (seen on a loaded 2-core machine).
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while True:
             job = subprocess.run(submit, capture_output=True, text=True, timeout=900, env=env)
             if "No available agent" not in job.stderr or time.monotonic() > deadline:
