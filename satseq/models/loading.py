@@ -1,4 +1,5 @@
-"""The one place policies are loaded: a local directory, a `builtin:` name, or a Hub name.
+"""The one place policies are loaded: a local directory, a `builtin:` name, a `gguf:` file, or
+a Hub name.
 
 `resolve_model_path` turns any of them into a local directory (what vLLM engines need too), and
 `load_policy` loads the model and tokenizer from it. Hub names are looked up in the Hugging Face
@@ -27,7 +28,19 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from satseq.models.cache import BUILTIN_PREFIX, UnknownBuiltinModelError, resolve_builtin
+from satseq.models.cache import (
+    BUILTIN_MODELS,
+    BUILTIN_PREFIX,
+    UnknownBuiltinModelError,
+    resolve_builtin,
+)
+from satseq.models.gguf import (
+    BUILTIN_GGUF_MODELS,
+    GGUF_PREFIX,
+    GGUFImportError,
+    builtin_gguf_file,
+    resolve_gguf,
+)
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -81,13 +94,24 @@ def load_policy(
 
 
 def resolve_model_path(path_or_name: str | Path) -> Path:
-    """The local directory holding `path_or_name`'s model, building or downloading it if needed."""
+    """The local directory holding `path_or_name`'s model, building, importing or downloading
+    it if needed: `gguf:FILE` and GGUF builtins are imported once into the model cache."""
     name = str(path_or_name)
+    try:
+        if name in BUILTIN_GGUF_MODELS:
+            return resolve_gguf(builtin_gguf_file(name))
+        if name.startswith(GGUF_PREFIX):
+            return resolve_gguf(name.removeprefix(GGUF_PREFIX))
+    except GGUFImportError as error:
+        raise ModelLoadError(f"model {name!r}: {error}") from None
     if name.startswith(BUILTIN_PREFIX):
         try:
             return resolve_builtin(name)
-        except UnknownBuiltinModelError as error:
-            raise ModelLoadError(str(error)) from None
+        except UnknownBuiltinModelError:
+            builtin_names = sorted([*BUILTIN_MODELS, *BUILTIN_GGUF_MODELS])
+            raise ModelLoadError(
+                f"unknown builtin model {name!r}; use one of {builtin_names}"
+            ) from None
     local = Path(name).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
@@ -96,6 +120,8 @@ def resolve_model_path(path_or_name: str | Path) -> Path:
                 "Hugging Face `save_pretrained` directory)"
             )
         return local
+    if local.is_file() and local.suffix == ".gguf":
+        raise ModelLoadError(f"{name!r} is a GGUF file; pass it as 'gguf:{name}' to import it")
     if local.exists() or _looks_like_a_path(name):
         raise ModelLoadError(
             f"model path {name!r} is not a directory; pass a Hugging Face model directory, "

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import vllm
+from transformers import AutoConfig
 from vllm.platforms import current_platform
 from vllm.v1.engine.core_client import InprocClient
 
@@ -38,6 +39,12 @@ from satseq.models import resolve_model_path
 # What works on a few CPU cores: no graph compilation (it costs minutes of start-up and needs
 # Triton), and an explicit KV-cache size (vLLM's default reserves a fraction of all RAM).
 CPU_DEFAULTS: dict[str, Any] = {"enforce_eager": True, "kv_cache_memory_bytes": 256 << 20}
+# vLLM refuses to start unless the KV cache holds one sequence of the model's full length, and
+# real models declare long ones (SmolLM2: 8192 tokens, 0.35 GiB of float32 KV cache). On CPU
+# sequences are capped at this many tokens (or the model's own limit, if lower): far more than
+# a rollout's prompt and response, and within CPU_DEFAULTS' cache for models up to ~64 KiB of
+# KV per token.
+CPU_MAX_MODEL_LEN = 4096
 
 # vLLM keeps its distributed state (process groups) in module globals that every engine of a
 # process shares, and an engine's shutdown destroys them. So only the last engine to close
@@ -67,19 +74,18 @@ class VLLMEngine:
         **llm_options: Any,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        model_dir = resolve_model_path(model_path)
         options: dict[str, Any] = {
             # prompt_logprobs at a temperature ≠ 1 needs the whole vocabulary's log-probs
             "max_logprobs": -1,
-            **(CPU_DEFAULTS if current_platform.is_cpu() else {}),
+            **(_cpu_defaults(model_dir) if current_platform.is_cpu() else {}),
             **llm_options,
         }
         if current_platform.is_cpu():
             set_cpu_threads(num_threads)
         real_set_num_threads = torch.set_num_threads
         try:
-            self.llm = vllm.LLM(
-                model=str(resolve_model_path(model_path)), dtype=dtype, seed=seed, **options
-            )
+            self.llm = vllm.LLM(model=str(model_dir), dtype=dtype, seed=seed, **options)
         finally:
             # vLLM's CPU worker swaps torch.set_num_threads for a no-op, meant for worker
             # processes whose threads it pinned to cores. This engine runs unpinned in the
@@ -180,6 +186,14 @@ class VLLMEngine:
             client.shutdown()
         del self.llm
         gc.collect()
+
+
+def _cpu_defaults(model_dir: Path) -> dict[str, Any]:
+    """CPU_DEFAULTS, and a maximum sequence length of CPU_MAX_MODEL_LEN tokens or the model's
+    own limit, whichever is lower."""
+    text_config = AutoConfig.from_pretrained(model_dir).get_text_config()
+    model_limit = getattr(text_config, "max_position_embeddings", None) or CPU_MAX_MODEL_LEN
+    return {**CPU_DEFAULTS, "max_model_len": min(CPU_MAX_MODEL_LEN, model_limit)}
 
 
 def _token_prompts(prompts: list[list[int]]) -> list[vllm.TokensPrompt]:
