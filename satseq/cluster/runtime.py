@@ -82,6 +82,10 @@ class TeamRuntime:
 
     # --- sampling ------------------------------------------------------------------------------
 
+    def _call(self, handle: Any, method: str, *args: Any) -> Any:
+        """One call on one learner or worker, waited for."""
+        return self.calls.wait([self.calls.start(handle, method, *args)])[0]
+
     def prompt_ids(self, agent: int, problem: MathProblem) -> list[int]:
         """Agent `agent`'s prompt for `problem` (its tokenizer's chat template)."""
         return prompt_ids(self.tokenizers[agent], problem, self.prompt_format)
@@ -123,7 +127,7 @@ class TeamRuntime:
         """[N, T] log-probs of each token under the current weights of the agent that owns it
         (0 elsewhere); only `rows` are filled when given."""
         N, T = batch.owner_ids.shape
-        out = torch.zeros(N, T)
+        out = torch.zeros(N, T, device="cpu")  # learners return their log-probs on the CPU
         rows_per_agent = [batch.rows_of(i, rows) for i in range(len(self.agents))]
         pending = {
             i: self.calls.start(
@@ -140,9 +144,7 @@ class TeamRuntime:
 
     def agent_logprobs(self, agent: int, trajectories: list[Trajectory]) -> torch.Tensor:
         """[N, T] log-probs of `trajectories` under agent `agent`'s current weights."""
-        return self.calls.wait([self.calls.start(self.learners[agent], "logprobs", trajectories)])[
-            0
-        ]
+        return self._call(self.learners[agent], "logprobs", trajectories)
 
     def _start_update(self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c):
         trajectories = [batch.trajectories[r] for r in rows]
@@ -169,14 +171,12 @@ class TeamRuntime:
     def values(self, i: int, batch: StageBatch, rows: list[int]) -> torch.Tensor:
         """`gae` mode: V(s_t) of agent i's value head on `rows`, [len(rows), T_i]."""
         trajectories = [batch.trajectories[r] for r in rows]
-        return self.calls.wait([self.calls.start(self.learners[i], "values", trajectories)])[0]
+        return self._call(self.learners[i], "values", trajectories)
 
     def fit_values(self, i: int, batch: StageBatch, rows: list[int], returns) -> float:
         """`gae` mode: agent i's value head fitted to the GAE returns of `rows`."""
         trajectories = [batch.trajectories[r] for r in rows]
-        return self.calls.wait(
-            [self.calls.start(self.learners[i], "fit_values", trajectories, returns)]
-        )[0]
+        return self._call(self.learners[i], "fit_values", trajectories, returns)
 
     def push_weights(self, i: int) -> None:
         """Agent i's rollout engines get its current weights (DESIGN §3 step 6, last line)."""
@@ -192,9 +192,7 @@ class TeamRuntime:
 
     def policy_states(self, i: int, trajectories: list[Trajectory]) -> PolicyStates:
         """Agent i's current policy at its response states of `trajectories` (a swap's π_cur)."""
-        return self.calls.wait([self.calls.start(self.learners[i], "policy_states", trajectories)])[
-            0
-        ]
+        return self._call(self.learners[i], "policy_states", trajectories)
 
     def replace_agent(self, i: int, path: str) -> None:
         """Agent i gets a fresh learner on the model at `path` (its own optimiser, β from the
@@ -203,7 +201,7 @@ class TeamRuntime:
         resolved = str(resolve_model_path(path))
         self.stop_learner(self.learners[i])
         self.learners[i] = self.start_learner(i, path)
-        self.calls.wait([self.calls.start(self.learners[i], "ready")])
+        self._call(self.learners[i], "ready")
         self.calls.wait(
             [
                 self.calls.start(worker, "replace_agent", self.agents[i], resolved)
@@ -225,7 +223,7 @@ class TeamRuntime:
     ) -> DistillResult:
         """Agent i's Stage-0 projection towards π_cur (`Learner.distill`)."""
         args = (trajectories, current, delta0, max_steps, lr, target_fraction)
-        return self.calls.wait([self.calls.start(self.learners[i], "distill", *args)])[0]
+        return self._call(self.learners[i], "distill", *args)
 
     # --- what the stage logs -------------------------------------------------------------------
 
@@ -246,7 +244,7 @@ class TeamRuntime:
         if self.sandbox is None:
             return {}
         calls = [t.meta.get("tool_calls", 0) for t in trajectories]
-        (pool,) = self.calls.wait([self.calls.start(self.sandbox, "metrics")])
+        pool = self._call(self.sandbox, "metrics")
         return {
             "tools/call_fraction": float(np.mean([n > 0 for n in calls])),
             "tools/calls_mean": float(np.mean(calls)),
