@@ -1,7 +1,8 @@
 """`satseq report OUTPUT_DIR`: one PNG of a training run, drawn from its metrics.jsonl.
 
 Panels: reward per agent and for the team, KL quantile against the trust-region target, β,
-backtracks, the certificate's bandit lower bound, and time per phase.
+backtracks, the certificate's bandit lower bound (and in how many stages it is positive), and
+time per phase.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from satseq.cluster.metric_keys import PHASE_PREFIX, agent_names
 from satseq.config import ConfigError, load_config
 
 REPORT_NAME = "report.png"
+BANDIT_BOUND = "certificate/bandit_lower_bound"
 
 
 class ReportError(ValueError):
@@ -94,13 +96,20 @@ def render(history: list[dict[str, Any]], target_kl: float | None, title: str) -
     backtracks.yaxis.set_major_locator(MaxNLocator(integer=True))
     finish(backtracks, "backtracks", "count per stage")
 
-    plot_series(certificate, history, "certificate/bandit_lower_bound", label="bandit bound")
+    plot_series(certificate, history, BANDIT_BOUND, label=bandit_bound_label(history))
     certificate.axhline(0.0, color="grey", lw=0.8)
     finish(certificate, "certificate: J(π_new) − J(π_start) ≥", "reward units")
 
     plot_phase_times(phases, history)
     finish(phases, "time per phase", "seconds")
     return figure
+
+
+def bandit_bound_label(history: list[dict[str, Any]]) -> str:
+    """'bandit bound (> 0 in k of n stages)': how often the stage's bound certified a gain."""
+    bounds = [as_float(r.get(BANDIT_BOUND)) for r in history]
+    measured = [b for b in bounds if math.isfinite(b)]
+    return f"bandit bound (> 0 in {sum(b > 0 for b in measured)} of {len(measured)} stages)"
 
 
 def plot_series(axes: Axes, history: list[dict[str, Any]], key: str, **style: Any) -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from satseq.data.synthetic import resolve_difficulty
 from satseq.sandbox.types import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MEMORY_MB,
@@ -232,13 +233,25 @@ class PromptConfig(Section):
 class SyntheticDataConfig(Section):
     split: Literal["train", "test"] = Field(
         "train",
-        description="half of the problem space to train on; the embedded model was warm-started on "
-        "'train', so the quickstart trains on 'test' problems it has not memorised",
+        description="split to train on: 'train'; 'test' is held out for `satseq eval` and "
+        "validation, and the builtin models were warm-started on a third split, 'warmup' (the "
+        "level-1 models builtin:tiny and builtin:tiny-tool on 'train' and 'warmup' both, so runs "
+        "of those train on 'test')",
     )
-    n_train: int = Field(512, ge=1)
-    difficulty: int = Field(1, ge=1, le=10)
+    n_train: int = Field(
+        256, ge=1, description="problems of the split (level 1 has ~350 train); stages cycle them"
+    )
+    difficulty: int | str = Field(
+        1, description="a level 1-5 or a task name ('two_digit_sums', the quickstart's)"
+    )
     style: Literal["symbols", "words", "mixed"] = "symbols"
     seed: int = 0
+
+    @field_validator("difficulty")
+    @classmethod
+    def _known_difficulty(cls, difficulty: int | str) -> int | str:
+        resolve_difficulty(difficulty)  # a DataError (a ValueError) names the known ones
+        return difficulty
 
 
 class DataConfig(Section):

@@ -16,11 +16,18 @@ from satseq.data.prompts import (
 )
 from satseq.data.records import DataError, LoadedProblems, MathProblem
 from satseq.data.split import split_problems, write_problems_parquet, write_subsets
-from satseq.data.synthetic import DIFFICULTY_LEVELS, Difficulty, make_split
+from satseq.data.synthetic import (
+    DIFFICULTY_LEVELS,
+    NAMED_DIFFICULTIES,
+    Difficulty,
+    make_split,
+    resolve_difficulty,
+)
 
 __all__ = [
     "DEFAULT_PROMPT_FORMAT",
     "DIFFICULTY_LEVELS",
+    "NAMED_DIFFICULTIES",
     "SPO_ANSWER_INSTRUCTION",
     "STEP_BY_STEP_INSTRUCTION",
     "TOOL_INSTRUCTION",
@@ -39,6 +46,7 @@ __all__ = [
     "load_problems",
     "make_split",
     "prompt_ids",
+    "resolve_difficulty",
     "split_problems",
     "write_problems_parquet",
     "write_subsets",

@@ -13,7 +13,14 @@ in one of two formats:
   `<code>print(7+12-3)</code><interpreter>\\n16\\n</interpreter>\\n\\boxed{16}`
 
 Splits are deterministic by seed and never share an expression: which split an expression
-belongs to is fixed by a hash of its text, whatever the seed (about `TEST_PERCENT`% go to `test`).
+belongs to is fixed by a hash of its text, whatever the seed. Of every difficulty's expressions
+about `TEST_PERCENT`% are `test` (held out: evaluation and validation), `WARMUP_PERCENT`% are
+`warmup` (what the builtin tiny models are warm-started on) and the rest are `train` (what RL
+trains on), so a run that trains on `train` and evaluates on `test` never meets a problem its
+model was warm-started on, and never evaluates on one it trained on.
+
+Difficulty is a level of DIFFICULTY_LEVELS (1-5: more operands, larger numbers, *, parentheses)
+or a named task of NAMED_DIFFICULTIES, such as the quickstart's `two_digit_sums`.
 """
 
 from __future__ import annotations
@@ -31,8 +38,9 @@ from satseq.tool_tags import CODE_CLOSE, CODE_OPEN, INTERPRETER_CLOSE, INTERPRET
 Style = Literal["words", "symbols", "mixed"]
 SolutionFormat = Literal["steps", "tool"]
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "test", "warmup")
 TEST_PERCENT = 20
+WARMUP_PERCENT = 30
 OPERATIONS: dict[str, Callable[[int, int], int]] = {
     "+": operator.add,
     "-": operator.sub,
@@ -46,13 +54,14 @@ LARGEST_OPERAND = 999_999  # the largest number `number_to_words` spells
 
 @dataclass(frozen=True)
 class Difficulty:
-    """The knobs of the generator: operands per problem, their size, operators, parentheses."""
+    """The knobs of the generator: operands per problem, their range, operators, parentheses."""
 
     min_operands: int
     max_operands: int
     max_operand: int
     operators: tuple[str, ...] = ("+", "-")
     parentheses_probability: float = 0.0
+    min_operand: int = 1
 
     def __post_init__(self) -> None:
         if not 2 <= self.min_operands <= self.max_operands:
@@ -62,6 +71,8 @@ class Difficulty:
             )
         if not 1 <= self.max_operand <= LARGEST_OPERAND:
             raise DataError(f"difficulty max_operand must be in 1..{LARGEST_OPERAND}")
+        if not 0 <= self.min_operand <= self.max_operand:
+            raise DataError("difficulty needs 0 <= min_operand <= max_operand")
         if not self.operators or not set(self.operators) <= set(OPERATIONS):
             raise DataError(
                 f"difficulty operators must be a non-empty subset of {sorted(OPERATIONS)}, "
@@ -90,6 +101,14 @@ DIFFICULTY_LEVELS = {
         max_operand=100,
         operators=("+", "-", "*"),
         parentheses_probability=0.5,
+    ),
+}
+# Tasks with a name rather than a level. `two_digit_sums` is the quickstart's (configs/
+# quickstart.yaml): a + b with two-digit a and b, 8,100 expressions (about 1,600 test, 2,400
+# warmup, 4,000 train), where the skill to learn is the carry, needed by 45% of them.
+NAMED_DIFFICULTIES = {
+    "two_digit_sums": Difficulty(
+        min_operands=2, max_operands=2, min_operand=10, max_operand=99, operators=("+",)
     ),
 }
 
@@ -147,15 +166,21 @@ def make_split(
     split: str,
     n: int,
     seed: int = 0,
-    difficulty: int | Difficulty = 1,
+    difficulty: int | str | Difficulty = 1,
     style: Style = "mixed",
     solution_format: SolutionFormat = "steps",
+    *,
+    with_warmup: bool = False,
 ) -> list[MathProblem]:
-    """`n` distinct problems of `split` ("train" or "test"), the same for the same arguments.
+    """`n` distinct problems of `split` ("train", "test" or "warmup"), the same for the same
+    arguments.
 
-    `difficulty` is a level of DIFFICULTY_LEVELS (1-5) or a Difficulty; `style` is "words",
-    "symbols" or "mixed" (each problem picks one). The problem text does not depend on
-    `solution_format`, so the steps and tool variants of a split hold the same problems.
+    `difficulty` is a level of DIFFICULTY_LEVELS (1-5), a name of NAMED_DIFFICULTIES or a
+    Difficulty; `style` is "words", "symbols" or "mixed" (each problem picks one). The problem
+    text does not depend on `solution_format`, so the steps and tool variants of a split hold
+    the same problems. `with_warmup` (split "train" only) also draws from the warmup split's
+    expressions, as "train" did before that split existed: the level-1 builtin models
+    (`builtin:tiny`, `builtin:tiny-tool`) are warm-started on those problems.
     """
     if split not in SPLITS:
         raise DataError(f"unknown synthetic split {split!r}; use one of {SPLITS}")
@@ -165,7 +190,8 @@ def make_split(
         raise DataError(f"unknown style {style!r}; use 'words', 'symbols' or 'mixed'")
     if solution_format not in ("steps", "tool"):
         raise DataError(f"unknown solution format {solution_format!r}; use 'steps' or 'tool'")
-    knobs = _resolve_difficulty(difficulty)
+    knobs = resolve_difficulty(difficulty)
+    accepted = {split, "warmup"} if with_warmup and split == "train" else {split}
     # A string seed is hashed by `random` itself (sha512), so it is stable across runs/platforms.
     rng = random.Random(f"satseq.synthetic/{split}/{seed}")
     problems: list[MathProblem] = []
@@ -175,7 +201,7 @@ def make_split(
             break
         expression = _draw_expression(rng, knobs)
         compact = expression.render()
-        if compact in seen or split_of(compact) != split:
+        if compact in seen or split_of(compact) not in accepted:
             continue
         seen.add(compact)
         problem_style = rng.choice(("words", "symbols")) if style == "mixed" else style
@@ -203,7 +229,10 @@ def make_split(
 def split_of(compact_expression: str) -> str:
     """The split an expression belongs to, from a hash of its compact text (seed-independent)."""
     digest = hashlib.sha256(compact_expression.encode()).digest()
-    return "test" if int.from_bytes(digest[:8], "big") % 100 < TEST_PERCENT else "train"
+    bucket = int.from_bytes(digest[:8], "big") % 100
+    if bucket < TEST_PERCENT:
+        return "test"
+    return "warmup" if bucket < TEST_PERCENT + WARMUP_PERCENT else "train"
 
 
 def evaluate(expression: Expression, steps: list[str] | None = None) -> int:
@@ -250,20 +279,23 @@ def _words_below_1000(number: int) -> str:
     return " ".join(words)
 
 
-def _resolve_difficulty(difficulty: int | Difficulty) -> Difficulty:
+def resolve_difficulty(difficulty: int | str | Difficulty) -> Difficulty:
+    """The generator's knobs for a level, a task name or a Difficulty; DataError if unknown."""
     if isinstance(difficulty, Difficulty):
         return difficulty
-    if difficulty not in DIFFICULTY_LEVELS:
-        raise DataError(
-            f"unknown difficulty level {difficulty!r}; use one of {sorted(DIFFICULTY_LEVELS)} "
-            "or a Difficulty(...)"
-        )
-    return DIFFICULTY_LEVELS[difficulty]
+    if isinstance(difficulty, str) and difficulty in NAMED_DIFFICULTIES:
+        return NAMED_DIFFICULTIES[difficulty]
+    if isinstance(difficulty, int) and difficulty in DIFFICULTY_LEVELS:
+        return DIFFICULTY_LEVELS[difficulty]
+    raise DataError(
+        f"unknown difficulty level {difficulty!r}; use one of {sorted(DIFFICULTY_LEVELS)}, "
+        f"a task name of {sorted(NAMED_DIFFICULTIES)} or a Difficulty(...)"
+    )
 
 
 def _draw_expression(rng: random.Random, knobs: Difficulty) -> ArithmeticExpression:
     num_operands = rng.randint(knobs.min_operands, knobs.max_operands)
-    operands = tuple(rng.randint(1, knobs.max_operand) for _ in range(num_operands))
+    operands = tuple(rng.randint(knobs.min_operand, knobs.max_operand) for _ in range(num_operands))
     operators = tuple(rng.choice(knobs.operators) for _ in range(num_operands - 1))
     group = None
     # A group must leave an operand outside it (around all of them it changes nothing): 3+ needed.

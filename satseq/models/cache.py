@@ -19,13 +19,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from satseq.models.corpus import Variant
+from satseq.models.teacher import QUICKSTART_TEACHERS
 from satseq.models.tiny import TinyBuildConfig, tiny_build_config, write_tiny_model
 
 logger = logging.getLogger(__name__)
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_MODELS: dict[str, Variant] = {"builtin:tiny": "steps", "builtin:tiny-tool": "tool"}
+BUILTIN_MODELS: dict[str, TinyBuildConfig] = {
+    "builtin:tiny": tiny_build_config("quickstart", "steps"),
+    "builtin:tiny-tool": tiny_build_config("quickstart", "tool"),
+    # the quickstart team (configs/quickstart.yaml): a teacher and a seed each
+    **{
+        f"builtin:tiny-carry-{k}": tiny_build_config("quickstart", "carry", k, teacher=teacher)
+        for k, teacher in enumerate(QUICKSTART_TEACHERS)
+    },
+}
 
 
 class UnknownBuiltinModelError(ValueError):
@@ -39,12 +47,12 @@ def default_cache_dir() -> Path:
 
 
 def builtin_build_config(name: str) -> TinyBuildConfig:
-    """The build config behind a builtin name (the quickstart size, seed 0)."""
+    """The build config behind a builtin name (all of the quickstart size)."""
     if name not in BUILTIN_MODELS:
         raise UnknownBuiltinModelError(
             f"unknown builtin model {name!r}; use one of {sorted(BUILTIN_MODELS)}"
         )
-    return tiny_build_config("quickstart", BUILTIN_MODELS[name], seed=0)
+    return BUILTIN_MODELS[name]
 
 
 def resolve_builtin(name: str, cache_dir: str | Path | None = None) -> Path:

@@ -7,8 +7,11 @@ transformers and vLLM, like any Hugging Face checkpoint.
 
 Sizes:
 - `quickstart`: about 0.16M parameters (hidden 64, 2 layers), warm-started in under a minute on
-  one CPU core. Sampling at temperature 1.0 solves about 40% of held-out quickstart problems:
-  rewards are neither all 0 nor all 1, and RL has room to raise them within minutes.
+  one CPU core. The `carry` variant (the quickstart team) learns its teacher's mistakes: it
+  carries about 30% of the time and is wrong about its teacher's three facts (see
+  `satseq.models.teacher`), so on held-out problems about 65% of its answers are right, and RL
+  has room to raise that within minutes. The `steps` variant samples right answers to about
+  40% of held-out difficulty-1 problems at temperature 1.0.
 - `50m`: about 50M parameters, random weights (no warm start), for throughput benchmarks.
 """
 
@@ -26,6 +29,7 @@ from typing import Any
 
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from satseq.data import MathProblem
 from satseq.models.corpus import (
     VARIANTS,
     Variant,
@@ -33,6 +37,7 @@ from satseq.models.corpus import (
     warm_start_problems,
     warm_start_prompt_formats,
 )
+from satseq.models.teacher import Teacher
 from satseq.models.tokenizer import train_tokenizer
 from satseq.models.warm_start import (
     WarmStartConfig,
@@ -110,6 +115,11 @@ TINY_SIZES = {
             # copy the operator at random and RL gains nothing; 1200 solve everything (reward
             # 1.0, nothing to learn); 650 start at 0.62 and RL reaches 0.80 in 12 stages.
             "tool": WarmStartConfig(steps=650, learning_rate=3e-3),
+            # Enough for every seed to learn the sums and its teacher's habits. Measured at
+            # T 0.6 on held-out problems: 900 and 1200 steps give the same accuracy on sums
+            # without a carry (~0.96) and carry rate (~0.3); at 500 steps (a variant writing
+            # both columns) two of three seeds had not yet learned the sums themselves.
+            "carry": WarmStartConfig(steps=900, learning_rate=3e-3),
         },
     ),
     "50m": TinySize(
@@ -137,6 +147,7 @@ class TinyBuildConfig:
     warm_start: WarmStartConfig | None
     tokenizer_vocab_size: int = TOKENIZER_VOCAB_SIZE
     format_version: int = FORMAT_VERSION
+    teacher: Teacher | None = None  # who solves the `carry` variant's problems
 
     def fingerprint(self) -> str:
         """A short hash of this config and of the text the build trains on.
@@ -146,13 +157,20 @@ class TinyBuildConfig:
         """
         return _fingerprint(self)
 
+    def problems(self) -> list[MathProblem]:
+        """The problems (with solutions) the warm start trains on."""
+        return warm_start_problems(self.variant, self.teacher)
+
 
 @functools.cache  # hashing regenerates the whole corpus; every `builtin:` lookup asks
 def _fingerprint(config: TinyBuildConfig) -> str:
-    digest = hashlib.sha256(json.dumps(asdict(config), sort_keys=True).encode())
+    fields = asdict(config)
+    if config.teacher is None:  # hashed as before the field existed: those builds stay valid
+        del fields["teacher"]
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     for text in tokenizer_corpus():
         digest.update(text.encode())
-    for problem in warm_start_problems(config.variant):
+    for problem in config.problems():
         digest.update((problem.problem + (problem.solution or "")).encode())
     return digest.hexdigest()[:16]
 
@@ -162,8 +180,10 @@ def tiny_build_config(
     variant: Variant = "steps",
     seed: int = 0,
     warm_start_steps: int | None = None,
+    teacher: Teacher | None = None,
 ) -> TinyBuildConfig:
-    """The build config of a named size; `warm_start_steps` overrides the size's step count."""
+    """The build config of a named size; `warm_start_steps` overrides the size's step count.
+    `teacher` solves the `carry` variant's problems (None: a perfect one)."""
     if size not in TINY_SIZES:
         raise TinyModelError(f"unknown tiny model size {size!r}; use one of {sorted(TINY_SIZES)}")
     if variant not in VARIANTS:
@@ -176,7 +196,13 @@ def tiny_build_config(
                 f"tiny model size {size!r} has no {variant} warm start to set the steps of"
             )
         warm_start_config = replace(warm_start_config, steps=warm_start_steps)
-    return TinyBuildConfig(size, variant, seed, tiny_size.architecture, warm_start_config)
+    if variant == "carry":
+        teacher = teacher or Teacher()
+    elif teacher is not None:
+        raise TinyModelError(f"only the carry variant has a teacher, not {variant!r}")
+    return TinyBuildConfig(
+        size, variant, seed, tiny_size.architecture, warm_start_config, teacher=teacher
+    )
 
 
 def build_tiny_model(
@@ -204,9 +230,7 @@ def write_tiny_model(config: TinyBuildConfig, out_dir: str | Path) -> Path:
         losses = []
         if config.warm_start is not None:
             examples = supervised_examples(
-                tokenizer,
-                warm_start_problems(config.variant),
-                warm_start_prompt_formats(config.variant),
+                tokenizer, config.problems(), warm_start_prompt_formats(config.variant)
             )
             losses = warm_start(
                 model, examples, config.warm_start, tokenizer.pad_token_id, config.seed

@@ -6,13 +6,22 @@ import sys
 from pathlib import Path
 
 SATSEQ = str(Path(sys.executable).parent / "satseq")
-# A short quickstart: 3 agents, 4 prompts × G=6 per stage, 1 held out for the certificate.
-SHORT_RUN = ["--set", "trainer.batch_size=4", "--set", "rollout.max_new_tokens=32"]
+# A short quickstart: 3 agents, 4 prompts × G=8 per stage, 1 held out for the certificate,
+# validated on 32 held-out problems.
+SHORT_RUN = [
+    "--set", "trainer.batch_size=4",
+    "--set", "rollout.max_new_tokens=32",
+    "--set", "eval.synthetic_problems=32",
+]  # fmt: skip
 TIMING_KEYS = ("time/", "tokens_per_s/")
-# 8 prompts and 4 per stage: prompts come back within a few stages, so ρ 'kl' re-scores them
+# 8 prompts and 4 per stage: prompts come back within a few stages, so ρ 'kl' re-scores them.
+# builtin:tiny's own task: difficulty 1, on 'test' (it was warm-started on 'train' and 'warmup')
 SPO_RUN = [
     "--set", "algorithm.name=spo",
+    "--set", "data.synthetic.difficulty=1",
+    "--set", "data.synthetic.split=test",
     "--set", "data.synthetic.n_train=8",
+    "--set", "eval.synthetic_problems=32",  # validation: level 1 holds ~175 test problems
     "--set", "team.agents=[{name: a0, path: 'builtin:tiny'}, {name: a1, path: 'builtin:tiny'}]",
 ]  # fmt: skip
 

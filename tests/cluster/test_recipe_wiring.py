@@ -39,8 +39,9 @@ class RecordingRuntime:
 
 @pytest.fixture(scope="module")
 def quickstart_model(built_quickstart_model):
-    """The embedded model: warm-started, so rewards vary within a group and updates move it."""
-    return "builtin:tiny"
+    """A model of the quickstart team: warm-started on its task, so rewards vary within a group
+    and updates move it."""
+    return load_config(QUICKSTART).team.agents[0].path
 
 
 def one_stage(model_path, algorithm, n_agents, *overrides):

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from satseq.data import DIFFICULTY_LEVELS, DataError, Difficulty, make_split
-from satseq.data.synthetic import number_to_words
+from satseq.data import DIFFICULTY_LEVELS, NAMED_DIFFICULTIES, DataError, Difficulty, make_split
+from satseq.data.synthetic import SPLITS, ArithmeticExpression, number_to_words, split_of
 
 # The test's own reading of the problem text, independent of the generator's code.
 TEMPLATE = re.compile(r"(?:Compute|What is|Evaluate|Calculate|Work out|How much is) (.+)[.?]")
@@ -58,17 +58,47 @@ def test_same_arguments_give_the_same_problems_and_another_seed_others():
     assert [p.problem for p in first] != [p.problem for p in make_split("train", 50, seed=4)]
 
 
-@pytest.mark.parametrize("difficulty", [1, 3, 5])
-def test_train_and_test_share_no_expression_even_across_seeds(difficulty):
-    train = make_split("train", 300, seed=0, difficulty=difficulty)
-    test = make_split("test", 60, seed=1, difficulty=difficulty)
-    train_expressions = {p.meta["expression"] for p in train}
-    assert len(train_expressions) == 300  # distinct within a split too
-    assert train_expressions.isdisjoint(p.meta["expression"] for p in test)
-    assert {p.problem for p in train}.isdisjoint(p.problem for p in test)
+@pytest.mark.parametrize("difficulty", [1, 3, 5, "two_digit_sums"])
+def test_train_test_and_warmup_share_no_expression_even_across_seeds(difficulty):
+    splits = {
+        "train": make_split("train", 300, seed=0, difficulty=difficulty),
+        "test": make_split("test", 60, seed=1, difficulty=difficulty),
+        "warmup": make_split("warmup", 200, seed=2, difficulty=difficulty),
+    }
+    expressions = {name: {p.meta["expression"] for p in ps} for name, ps in splits.items()}
+    assert len(expressions["train"]) == 300  # distinct within a split too
+    for name, ps in splits.items():
+        assert {split_of(p.meta["expression"]) for p in ps} == {name}
+    assert expressions["train"].isdisjoint(expressions["test"])
+    assert expressions["train"].isdisjoint(expressions["warmup"])
+    assert expressions["test"].isdisjoint(expressions["warmup"])
 
 
-@pytest.mark.parametrize("difficulty", sorted(DIFFICULTY_LEVELS))
+def test_splits_take_their_share_of_every_expression():
+    digits = range(10, 100)
+    every_sum = [ArithmeticExpression((a, b), ("+",)).render() for a in digits for b in digits]
+    counts = {split: sum(split_of(e) == split for e in every_sum) for split in SPLITS}
+    assert sum(counts.values()) == 8100
+    assert counts["test"] == pytest.approx(0.2 * 8100, rel=0.05)
+    assert counts["warmup"] == pytest.approx(0.3 * 8100, rel=0.05)
+
+
+def test_train_with_warmup_draws_from_both_as_train_did_before_warmup_existed():
+    both = make_split("train", 600, seed=0, difficulty=1, with_warmup=True)
+    assert {split_of(p.meta["expression"]) for p in both} == {"train", "warmup"}
+    train_only = make_split("train", 300, seed=0, difficulty=1)
+    assert {split_of(p.meta["expression"]) for p in train_only} == {"train"}
+
+
+def test_two_digit_sums_are_sums_of_two_two_digit_numbers():
+    assert NAMED_DIFFICULTIES["two_digit_sums"].min_operand == 10
+    for problem in make_split("train", 200, seed=0, difficulty="two_digit_sums"):
+        a, b = problem.meta["expression"].split("+")
+        assert 10 <= int(a) <= 99 and 10 <= int(b) <= 99
+        assert problem.answer == str(int(a) + int(b))
+
+
+@pytest.mark.parametrize("difficulty", [*sorted(DIFFICULTY_LEVELS), *sorted(NAMED_DIFFICULTIES)])
 def test_answers_match_an_independent_evaluation_of_the_problem_text(difficulty):
     for problem in make_split("train", 100, seed=7, difficulty=difficulty, style="mixed"):
         expression = python_expression(problem.problem)
@@ -146,6 +176,7 @@ def test_asking_for_more_problems_than_the_difficulty_holds_says_what_to_do():
     [
         ({"split": "validation"}, "unknown synthetic split"),
         ({"difficulty": 9}, "unknown difficulty level 9"),
+        ({"difficulty": "huge"}, "unknown difficulty level 'huge'.*two_digit_sums"),
         ({"style": "latex"}, "unknown style"),
         ({"solution_format": "essay"}, "unknown solution format"),
     ],
@@ -158,5 +189,7 @@ def test_bad_arguments_are_named(arguments, message):
 def test_an_inconsistent_difficulty_is_refused():
     with pytest.raises(DataError, match="min_operands <= max_operands"):
         Difficulty(min_operands=4, max_operands=3, max_operand=10)
+    with pytest.raises(DataError, match="min_operand <= max_operand"):
+        Difficulty(min_operands=2, max_operands=2, min_operand=11, max_operand=10)
     with pytest.raises(DataError, match="operators"):
         Difficulty(min_operands=2, max_operands=3, max_operand=10, operators=("/",))

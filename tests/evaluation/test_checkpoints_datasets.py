@@ -42,21 +42,34 @@ def test_a_dir_without_a_team_says_what_was_expected(tmp_path):
         resolve_team(tmp_path / "missing")
 
 
-def test_synthetic_test_holds_out_exactly_what_the_quickstart_trained_on():
-    config = load_config()  # the quickstart: the first 48 problems of split "test"
+def test_synthetic_test_is_held_out_of_the_quickstarts_training_and_warm_start():
+    config = load_config()  # the quickstart: trains on split "train", evaluates on "test"
     s = config.data.synthetic
     trained = make_split(s.split, s.n_train, seed=s.seed, difficulty=s.difficulty, style=s.style)
     held_out = resolve_dataset("synthetic:test", config)
     n = config.eval.synthetic_problems
-    assert len(held_out) == n > 0 and s.n_train == 48
-    assert not {p.problem for p in trained} & {p.problem for p in held_out}
+    assert s.split == "train" and len(held_out) == n > 0
+    assert held_out == make_split("test", n, seed=s.seed, difficulty=s.difficulty, style=s.style)
+    warm_start = make_split("warmup", 2000, seed=0, difficulty=s.difficulty)
+    held_out_expressions = {p.meta["expression"] for p in held_out}
+    assert held_out_expressions.isdisjoint(p.meta["expression"] for p in trained)
+    assert held_out_expressions.isdisjoint(p.meta["expression"] for p in warm_start)
+
+
+def test_synthetic_after_training_on_the_same_split_skips_what_training_used():
+    config = load_config(overrides=["data.synthetic.split=test", "data.synthetic.n_train=48"])
+    s = config.data.synthetic
+    trained = make_split("test", 48, seed=s.seed, difficulty=s.difficulty, style=s.style)
+    held_out = resolve_dataset("synthetic:test", config)
     # make_split is prefix-stable, so the held-out problems are the ones right after training's
-    longer = make_split("test", 48 + n, seed=s.seed, difficulty=s.difficulty, style=s.style)
+    longer = make_split(
+        "test", 48 + len(held_out), seed=s.seed, difficulty=s.difficulty, style=s.style
+    )
     assert longer[:48] == trained and longer[48:] == held_out
 
 
 def test_synthetic_beyond_the_split_says_which_key_to_lower():
-    config = load_config(overrides=["eval.synthetic_problems=1000"])
+    config = load_config(overrides=["eval.synthetic_problems=5000"])
     with pytest.raises(DataError, match=r"eval\.synthetic_problems"):
         resolve_dataset("synthetic:test", config)
 

@@ -39,6 +39,16 @@ def test_every_build_setting_changes_the_fingerprint():
     assert builtin_build_config("builtin:tiny").fingerprint() == config.fingerprint()
 
 
+def test_the_quickstart_team_differs_by_teacher_and_seed():
+    configs = [builtin_build_config(f"builtin:tiny-carry-{k}") for k in range(3)]
+    assert [c.variant for c in configs] == ["carry"] * 3
+    assert [c.seed for c in configs] == [0, 1, 2]
+    assert len({c.teacher for c in configs}) == 3
+    assert len({c.fingerprint() for c in configs}) == 3
+    other_teacher = replace(configs[0], teacher=replace(configs[0].teacher, carry_slip=0.5))
+    assert other_teacher.fingerprint() != configs[0].fingerprint()
+
+
 def test_cached_build_builds_once(tmp_path):
     builds = []
 
@@ -83,4 +93,10 @@ def test_default_cache_dir_follows_satseq_cache(monkeypatch, tmp_path):
 def test_unknown_builtin_name_lists_the_known_ones():
     with pytest.raises(UnknownBuiltinModelError, match="builtin:tiny-tool"):
         resolve_builtin("builtin:huge")
-    assert set(BUILTIN_MODELS) == {"builtin:tiny", "builtin:tiny-tool"}
+    assert set(BUILTIN_MODELS) == {
+        "builtin:tiny",
+        "builtin:tiny-tool",
+        "builtin:tiny-carry-0",
+        "builtin:tiny-carry-1",
+        "builtin:tiny-carry-2",
+    }

@@ -9,8 +9,15 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, Qwen2ForCausalLM
 
 from satseq.data import DEFAULT_PROMPT_FORMAT, TOOL_PROMPT_FORMAT, build_prompt, make_split
-from satseq.models import TINY_SIZES, TinyModelError, build_tiny_model, load_policy
+from satseq.models import (
+    TINY_SIZES,
+    TinyModelError,
+    build_tiny_model,
+    load_policy,
+    tiny_build_config,
+)
 from satseq.models.corpus import tokenizer_corpus
+from satseq.models.teacher import QUICKSTART_TEACHERS
 from satseq.models.tiny import BUILD_MANIFEST
 from satseq.models.tokenizer import train_tokenizer
 from satseq.rewards import RewardScorer
@@ -109,6 +116,18 @@ def test_short_build_is_deterministic(tmp_path):
         weights[0]["model.embed_tokens.weight"], weights[2]["model.embed_tokens.weight"]
     )
     assert (first / "tokenizer.json").read_bytes() == (second / "tokenizer.json").read_bytes()
+
+
+def test_carry_variant_learns_from_a_teacher(tmp_path):
+    teacher = QUICKSTART_TEACHERS[1]
+    built = build_tiny_model(tmp_path / "carry", variant="carry", seed=1, warm_start_steps=3)
+    manifest = json.loads((built / BUILD_MANIFEST).read_text())
+    # no teacher given: a perfect one
+    assert manifest["build_config"]["teacher"] == {"carry_slip": 0.0, "wrong_facts": [], "seed": 0}
+    config = tiny_build_config("quickstart", "carry", seed=1, teacher=teacher)
+    assert config.problems()[0].solution == teacher.solve(config.problems()[0]).solution
+    with pytest.raises(TinyModelError, match="only the carry variant has a teacher"):
+        tiny_build_config("quickstart", "steps", teacher=teacher)
 
 
 def test_50m_size_is_a_random_init_of_about_50m_parameters():
