@@ -50,6 +50,7 @@ from satseq.algo.trust_region import (
     snapshot_training_state,
     trust_region_step,
 )
+from satseq.files import write_atomically
 from satseq.models import load_policy
 from satseq.models.loading import TORCH_DTYPES
 
@@ -640,12 +641,9 @@ class Learner:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything resume needs: float32 master weights, optimiser, β_i, the value head and
-        torch's RNG."""
+        torch's RNG. The weights are the live tensors (torch.save copies them to the file)."""
         return {
-            "model": {
-                name: tensor.detach().to("cpu", copy=True)
-                for name, tensor in self.model.state_dict().items()
-            },
+            "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "trust_region": self.region.state_dict(),
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,
@@ -659,6 +657,16 @@ class Learner:
         if self.value_head is not None:
             self.value_head.load_state_dict(state["value_head"])
         torch.set_rng_state(state["rng"])
+
+    def save_state(self, path: str) -> str:
+        """Write `state_dict()` to `path` atomically (a checkpoint's learner file); nothing of it
+        is returned through the caller."""
+        write_atomically(path, lambda handle: torch.save(self.state_dict(), handle))
+        return path
+
+    def load_state(self, path: str) -> None:
+        """Load what `save_state` wrote."""
+        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
 
     def ready(self) -> bool:
         return True

@@ -1,13 +1,19 @@
 """Resume state, written atomically (DESIGN §8): a crash mid-write never corrupts a checkpoint.
 
-Layout: `checkpoints/stage_<k>.pt`, each a complete torch.save of the run's state after stage k,
-written with `satseq.files.write_atomically` (temp file, fsync, rename, fsync of the directory).
-Older checkpoints beyond `keep` are removed only after the new one is in place.
+Layout: `checkpoints/stage_<k>/`, the run's state after stage k:
+- `learner_<i>.pt`: agent i's learner state (master weights, optimiser, β, RNG), written by the
+  learner itself, so no learner's state travels through the object store or the coordinator;
+- `run.pt`: the coordinator's state (recipe, RNG, agent paths), written last. Its presence is what
+  makes the checkpoint complete: a stage directory without it is debris of an interrupted save.
+
+Every file is written with `satseq.files.write_atomically` (temp file, fsync, rename, fsync of the
+directory). Older checkpoints beyond `keep` are removed only after the new one is complete.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,31 +21,52 @@ import torch
 
 from satseq.files import write_atomically
 
-CHECKPOINT_PATTERN = re.compile(r"^stage_(\d+)\.pt$")
+STAGE_PATTERN = re.compile(r"^stage_(\d+)$")
+RUN_STATE = "run.pt"
 
 
-def save_checkpoint(directory: Path, stage: int, state: dict[str, Any], keep: int = 2) -> Path:
-    """Write the state after `stage` as checkpoints/stage_<stage>.pt; keep the newest `keep`."""
-    path = directory / f"stage_{stage}.pt"
-    write_atomically(path, lambda handle: torch.save(state, handle))
-    for old in sorted(checkpoint_stages(directory))[:-keep]:
-        (directory / f"stage_{old}.pt").unlink(missing_ok=True)
+def stage_directory(directory: Path, stage: int) -> Path:
+    return directory / f"stage_{stage}"
+
+
+def learner_state_path(directory: Path, stage: int, agent_index: int) -> Path:
+    """Where agent `agent_index`'s learner writes its state after `stage`."""
+    return stage_directory(directory, stage) / f"learner_{agent_index}.pt"
+
+
+def run_state_path(directory: Path, stage: int) -> Path:
+    return stage_directory(directory, stage) / RUN_STATE
+
+
+def save_run_state(directory: Path, stage: int, state: dict[str, Any], keep: int = 2) -> Path:
+    """Complete the checkpoint of `stage` (its learner files already written) with the run's
+    state; then remove all but the newest `keep` complete checkpoints and any incomplete one."""
+    path = write_atomically(run_state_path(directory, stage), lambda f: torch.save(state, f))
+    kept = set(checkpoint_stages(directory)[-keep:])
+    for old in directory.iterdir():
+        match = STAGE_PATTERN.match(old.name)
+        if match and int(match.group(1)) not in kept:
+            shutil.rmtree(old, ignore_errors=True)
     return path
 
 
 def checkpoint_stages(directory: Path) -> list[int]:
+    """The stages with a complete checkpoint, oldest first."""
     if not directory.is_dir():
         return []
     return sorted(
-        int(m.group(1)) for p in directory.iterdir() if (m := CHECKPOINT_PATTERN.match(p.name))
+        int(m.group(1))
+        for p in directory.iterdir()
+        if (m := STAGE_PATTERN.match(p.name)) and (p / RUN_STATE).is_file()
     )
 
 
-def load_latest_checkpoint(directory: Path) -> tuple[int, dict[str, Any]] | None:
-    """(stage, state) of the newest complete checkpoint, or None if there is none."""
+def load_latest_run_state(directory: Path) -> tuple[int, dict[str, Any]] | None:
+    """(stage, run state) of the newest complete checkpoint, or None if there is none; its
+    learners' files are at `learner_state_path(directory, stage, i)`."""
     stages = checkpoint_stages(directory)
     if not stages:
         return None
     stage = stages[-1]
-    state = torch.load(directory / f"stage_{stage}.pt", map_location="cpu", weights_only=False)
+    state = torch.load(run_state_path(directory, stage), map_location="cpu", weights_only=False)
     return stage, state

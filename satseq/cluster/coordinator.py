@@ -18,7 +18,7 @@ import ray
 import torch
 
 from satseq.cluster import builders
-from satseq.cluster.checkpoint import load_latest_checkpoint, save_checkpoint
+from satseq.cluster.checkpoint import learner_state_path, load_latest_run_state, save_run_state
 from satseq.cluster.faults import (
     ACTOR_LOSS,
     FaultLog,
@@ -162,27 +162,34 @@ class Coordinator:
                     )
                 ]
             )
+        checkpoints = self.output_dir / "checkpoints"
+        ray.get(
+            [
+                learner.save_state.remote(str(learner_state_path(checkpoints, stage, i)))
+                for i, learner in enumerate(self.runtime.learners)
+            ]
+        )
         state = {
             "stage": stage + 1,  # where a resumed run starts
-            "learners": ray.get([learner.state_dict.remote() for learner in self.runtime.learners]),
             "recipe": self.recipe.state_dict(),
             "rng": _rng_state(),
             "agent_paths": list(self.runtime.agent_paths),  # swaps change them
         }
         self.log.write(metrics, {"stage": stage, **certificate})
-        save_checkpoint(self.output_dir / "checkpoints", stage, state)
+        save_run_state(checkpoints, stage, state)
 
     def _restore(self) -> int | None:
         """Load the newest checkpoint, push its weights to the engines; the stage it ended."""
-        found = load_latest_checkpoint(self.output_dir / "checkpoints")
+        checkpoints = self.output_dir / "checkpoints"
+        found = load_latest_run_state(checkpoints)
         if found is None:
             return None
         completed_stage, state = found
-        self._rebuild_swapped_agents(state.get("agent_paths", self._configured_paths()))
+        self._rebuild_swapped_agents(state["agent_paths"])
         ray.get(
             [
-                learner.load_state_dict.remote(s)
-                for learner, s in zip(self.runtime.learners, state["learners"], strict=True)
+                learner.load_state.remote(str(learner_state_path(checkpoints, completed_stage, i)))
+                for i, learner in enumerate(self.runtime.learners)
             ]
         )
         for i in range(len(self.runtime.agents)):

@@ -126,12 +126,20 @@ def test_only_the_agents_own_tokens_are_trained(raw_tiny_model):
     assert all(torch.equal(before[k], v) for k, v in learner.weights().items())
 
 
-def test_state_dict_round_trip(raw_tiny_model, tmp_path):
-    learner = make_learner(raw_tiny_model, target_kl=1e-12, max_backtracks=0)
+def test_state_round_trip_through_a_checkpoint_file(raw_tiny_model, tmp_path):
+    """What a learner writes to its checkpoint file resumes it exactly: β, weights, and the
+    next update (the optimiser's moments included)."""
+    learner = make_learner(raw_tiny_model)
     batch_trajs = trajectories(learner.tokenizer)
     learner.update(batch_trajs, learner.logprobs(batch_trajs), torch.ones(4), torch.ones(4))
     other = make_learner(raw_tiny_model)
-    other.load_state_dict(learner.state_dict())
+    other.load_state(learner.save_state(str(tmp_path / "stage_0" / "learner_0.pt")))
+    assert other.region.beta == learner.region.beta
+    assert all(torch.equal(learner.weights()[k], v) for k, v in other.weights().items())
+    resumed = other.weights()
+    for agent in (learner, other):
+        agent.update(batch_trajs, agent.logprobs(batch_trajs), torch.ones(4), torch.ones(4))
+    assert not all(torch.equal(resumed[k], v) for k, v in other.weights().items())
     assert other.region.beta == learner.region.beta
     assert all(torch.equal(learner.weights()[k], v) for k, v in other.weights().items())
     saved = learner.save_pretrained(str(tmp_path / "hf"))

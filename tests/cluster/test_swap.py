@@ -110,8 +110,8 @@ def test_cli_swap_applies_at_the_stage_after_the_last_checkpoint(tmp_path):
 
     config = load_config(QUICKSTART, [])
     assert next_stage(config, tmp_path, resume=True) == 0  # no checkpoint yet
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "stage_4.pt").write_bytes(b"")
+    (tmp_path / "checkpoints" / "stage_4").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "stage_4" / "run.pt").write_bytes(b"")
     assert next_stage(config, tmp_path, resume=True) == 5
     assert next_stage(config, tmp_path, resume=False) == 0
     (swap,) = with_swaps(config, ["a2=/models/stronger"], 5).team.swaps

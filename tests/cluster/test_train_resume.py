@@ -35,7 +35,7 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    first_checkpoint = interrupted / "checkpoints" / "stage_0.pt"
+    first_checkpoint = interrupted / "checkpoints" / "stage_0" / "run.pt"
     deadline = time.monotonic() + 600
     while not first_checkpoint.exists():
         assert driver.poll() is None, "the driver ended before writing its first checkpoint"
@@ -83,4 +83,4 @@ def test_ctrl_c_finishes_the_stage_checkpoints_and_exits_cleanly(tmp_path, built
     assert "continue with --resume" in output
     stages_done = len(read_metrics(output_dir))
     assert 1 <= stages_done < 4
-    assert (output_dir / "checkpoints" / f"stage_{stages_done - 1}.pt").exists()
+    assert (output_dir / "checkpoints" / f"stage_{stages_done - 1}" / "run.pt").exists()
