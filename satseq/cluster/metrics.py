@@ -128,7 +128,13 @@ class RayMetricsExporter:
                     tag_keys=("run", *point.tags),
                 )
                 self.gauges[point.name] = gauge
-            gauge.set(point.value, tags={"run": self.run, **point.tags})
+            tags = {"run": self.run, **point.tags}
+            gauge.set(point.value, tags={key: ascii_tag(value) for key, value in tags.items()})
+
+
+def ascii_tag(value: str) -> str:
+    """A tag value Ray's metrics accept (ASCII only): `λ_run` → `\\u03bb_run`."""
+    return value.encode("ascii", "backslashreplace").decode("ascii")
 
 
 def append_json_line(path: Path, record: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 import json
 
-from satseq.cluster.metrics import StageLog, truncate_after_stage
+from satseq.cluster.metrics import RayMetricsExporter, StageLog, ascii_tag, truncate_after_stage
 
 
 def test_resume_drops_later_stages_and_a_torn_last_line(tmp_path):
@@ -22,3 +22,11 @@ def test_stage_log_writes_jsonl_and_tensorboard(tmp_path):
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [e.value for e in events.Scalars("reward/mean")] == [0.5]
+
+
+def test_ray_gauges_take_runs_and_agents_with_non_ascii_names():
+    """Ray's metric tags are ASCII only: a run dir or agent named `λ` must not end the run."""
+    assert ascii_tag("λ_eq_0") == "\\u03bb_eq_0" and ascii_tag("run-1") == "run-1"
+    exporter = RayMetricsExporter("λ_eq_0")
+    exporter.export({"stage": 3, "reward/mean": 0.5, "reward/mean/α": 0.4, "kl_quantile/α": 0.1})
+    assert {"satseq_reward_mean", "satseq_agent_kl_quantile"} <= set(exporter.gauges)
