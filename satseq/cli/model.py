@@ -16,7 +16,9 @@ model_app = typer.Typer(help="Models: the embedded tiny model.", no_args_is_help
 def model_build_tiny(
     out: Annotated[Path, typer.Option("--out", help="directory to write the HF model into")],
     size: Annotated[str, typer.Option(help="quickstart | 50m (random init)")] = "quickstart",
-    variant: Annotated[str, typer.Option(help="steps | tool (warm-started on tool use)")] = "steps",
+    variant: Annotated[
+        str, typer.Option(help="steps | tool (tool use) | carry (two_digit_sums, perfect teacher)")
+    ] = "steps",
     seed: int = 0,
     warm_start_steps: Annotated[int | None, typer.Option(help="override the size's steps")] = None,
 ) -> None:
