@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from satseq.cluster.builders import learner_spec
+from satseq.cluster.recipes.sat_seq import SatSeqRecipe
 from satseq.config import CONFIG_DIR, ConfigError, apply_override, dump_config, load_config
 
 
@@ -93,6 +95,8 @@ def test_overrides_apply_in_order_and_parse_yaml_values(tmp_path):
         ("algorithm.name=ppo", "algorithm.name"),
         ("rollout.engine=tensorrt", "rollout.engine"),
         ("spo.rho_min=0.99", "rho_min"),
+        ("trainer.offload=bogus", "trainer.offload"),
+        ("team.agents.0.offload=always", "team.agents.0.offload"),
     ],
 )
 def test_bad_values_name_the_key_path(tmp_path, override, named):
@@ -100,6 +104,15 @@ def test_bad_values_name_the_key_path(tmp_path, override, named):
         load_config(write(tmp_path, MINIMAL), [override])
     assert named in str(err.value)
     assert "run.yaml" in str(err.value)
+
+
+def test_an_agent_overrides_the_trainers_offload(tmp_path):
+    team = MINIMAL + "    - {name: b, path: /models/b, offload: none}\n"
+    config = load_config(write(tmp_path, team), ["trainer.offload=idle_agents"])
+    settings = SatSeqRecipe.learner_settings(config)
+    specs = [learner_spec(config, i, settings, "cpu", 1) for i in range(2)]
+    assert [spec.offload for spec in specs] == ["idle_agents", "none"]
+    assert learner_spec(load_config(write(tmp_path, team)), 0, settings, "cpu", 1).offload == "none"
 
 
 def test_unknown_section_in_file_names_it(tmp_path):

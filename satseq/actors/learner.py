@@ -7,13 +7,15 @@ under autocast in `LearnerSpec.dtype` (bfloat16 on GPUs), so an update of 1e-6 r
 kept rather than rounded away. Memory: logits exist one chunk of tokens at a time
 (`satseq.algo.lm_head`); the KL's π_cur is the stage-start output layer plus the stage-start
 hidden states of the batch, taken from the first forward pass, not a copy of the model; the
-backtracking snapshot lives in CPU memory.
+backtracking snapshot lives in CPU memory. With `offload="idle_agents"` the master weights and
+AdamW state live in host memory too between updates (`satseq.actors.residency`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from satseq.actors.forward import (
     response_positions,
     scatter_response,
 )
+from satseq.actors.residency import Residency, peak_memory_gib, reset_peak_memory
 from satseq.actors.trajectory import PaddedBatch, Trajectory, pad_batch
 from satseq.actors.value_head import ValueHead
 from satseq.algo.kl import kl_k3, kl_quantile, sequence_kl
@@ -112,12 +115,16 @@ class LearnerSpec:
     value_steps: int = 8  # value-head steps per stage (sat_seq.value_steps)
     seed: int = 0
     num_threads: int = 1
+    # idle_agents: master weights and AdamW state in host memory except during an update
+    offload: Literal["none", "idle_agents"] = "none"
 
 
 @dataclass(frozen=True)
 class UpdateResult:
     """What one agent's update did. logp_hat [N, T]: log-probs of the batch under the weights
-    the agent holds afterwards (the stage-start ones where every step was rejected)."""
+    the agent holds afterwards (the stage-start ones where every step was rejected).
+    peak_memory_gib: the process's peak allocated device memory during the update, on CUDA;
+    None elsewhere (`satseq.actors.residency.peak_memory_gib`)."""
 
     logp_hat: torch.Tensor
     steps: list[StepOutcome]
@@ -125,6 +132,7 @@ class UpdateResult:
     clip_fraction: float
     tokens: int
     seconds: float
+    peak_memory_gib: float | None = None
 
     @property
     def backtracks(self) -> int:
@@ -193,6 +201,32 @@ class DistillResult:
     met_budget: bool
 
 
+def while_resident(method: Callable) -> Callable:
+    """A `Learner` method that steps or loads: it runs with the master weights and AdamW state
+    on the device, which go back to host memory after it when the learner offloads."""
+
+    @functools.wraps(method)
+    def run(self: Learner, *args: Any, **kwargs: Any) -> Any:
+        self.residency.ensure_resident()
+        result = method(self, *args, **kwargs)
+        self.residency.offload()
+        return result
+
+    return run
+
+
+def forward_pass(method: Callable) -> Callable:
+    """A `Learner` method that only runs the model forward: an offloaded learner's weights are
+    on the device for its span only (`Residency.forward_weights`)."""
+
+    @functools.wraps(method)
+    def run(self: Learner, *args: Any, **kwargs: Any) -> Any:
+        with self.residency.forward_weights():
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 class Learner:
     """One agent's model and optimiser. Plain class; `LearnerActor` is its Ray actor."""
 
@@ -232,6 +266,10 @@ class Learner:
             if spec.value_lr is not None
             else None
         )
+        self.residency = Residency(
+            self.model, self.optimizer, self.compute_dtype, spec.offload == "idle_agents"
+        )
+        self.residency.offload()
 
     # --- forward passes ------------------------------------------------------------------------
 
@@ -274,6 +312,7 @@ class Learner:
             out[rows, : values.shape[1]] = values.float().cpu()
         return out
 
+    @forward_pass
     def logprobs(self, trajectories: list[Trajectory]) -> torch.Tensor:
         """Teacher-forced log-probs at the sampling temperature, [N, T]."""
         spec = self.spec
@@ -284,16 +323,18 @@ class Learner:
             ),
         )
 
+    @forward_pass
     def values(self, trajectories: list[Trajectory]) -> torch.Tensor:
         """`gae` mode: V(s_t) before every response token, [N, T]."""
         return self._per_token(
             trajectories, lambda batch: self.value_head(response_hidden_states(self.model, batch))
         )
 
+    @forward_pass
     def fit_values(self, trajectories: list[Trajectory], returns: torch.Tensor) -> float:
         """`gae` mode: `value_steps` steps of the value head towards the GAE returns [N, T] on
         the agent's tokens, with the current (updated) weights' hidden states. Returns the
-        loss before the last step."""
+        loss before the last step. Only the value head trains: an offloaded learner stays so."""
         hidden, targets, masks = [], [], []
         with torch.no_grad(), self.autocast():
             for rows, batch in self._micro_batches(trajectories):
@@ -309,6 +350,7 @@ class Learner:
 
     # --- the update ----------------------------------------------------------------------------
 
+    @while_resident
     def update(
         self,
         trajectories: list[Trajectory],
@@ -322,6 +364,7 @@ class Learner:
         A, c [N]: advantages and truncated IS weights per trajectory.
         """
         started = time.perf_counter()
+        reset_peak_memory(self.device)
         spec = self.spec
         micro_batches = self._update_micro_batches(trajectories)
         tokens = int(sum(float(mb.mask.sum()) for mb in micro_batches))
@@ -347,6 +390,7 @@ class Learner:
             clip_fraction=attempts[-1].clip_fraction if attempts else 0.0,
             tokens=tokens,
             seconds=time.perf_counter() - started,
+            peak_memory_gib=peak_memory_gib(self.device),
         )
 
     def _step(
@@ -516,6 +560,7 @@ class Learner:
             hidden.append(states.to(self.compute_dtype))
         return hidden
 
+    @forward_pass
     def policy_states(self, trajectories: list[Trajectory]) -> PolicyStates:
         """This policy (π_cur of a swap) at the agent's response states of `trajectories`."""
         layer = output_layer(self.model).detached_copy(self.compute_dtype)
@@ -523,6 +568,7 @@ class Learner:
         bias = None if layer.bias is None else layer.bias.cpu()
         return PolicyStates(OutputLayer(layer.weight.cpu(), bias), hidden.cpu())
 
+    @while_resident
     def distill(
         self,
         trajectories: list[Trajectory],
@@ -650,6 +696,7 @@ class Learner:
             "rng": torch.get_rng_state(),
         }
 
+    @while_resident  # AdamW's state takes its parameters' dtype and device
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])

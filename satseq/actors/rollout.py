@@ -13,6 +13,9 @@ With `tools` enabled (and a `sandbox`: a SandboxPool actor handle, or an in-proc
 an async `execute`), every sample runs the agent loop of `tool_loop.ToolLoop` (DESIGN §5).
 With a `scorer`, the samples of a request that carries a `Reference` come back with their text
 and reward: rewards are computed where the rollout happens (DESIGN §3 step 3).
+
+On GPUs shared with the learners, `sleep()` frees the engines' memory while the learners train and
+`wake_up()` takes it back before the next generation; weights pushed in between wait for it.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class RolloutWorker:
             for name, path in agent_paths.items()
         }
         self.tokenizers = {name: load_tokenizer(path) for name, path in agent_paths.items()}
+        self.asleep = False
+        self.pending_weights: dict[str, dict[str, torch.Tensor]] = {}  # pushed while asleep
         self.tools = tools if use_tools else None
         self.scorer = scorer
         self.sandbox: SandboxClient | None = None
@@ -89,6 +94,8 @@ class RolloutWorker:
         calls do not share random draws and the same requests with the same seed give the same
         samples.
         """
+        if self.asleep:
+            raise RuntimeError("the rollout worker is asleep: call wake_up() before generate()")
         requests = [GenerationRequest(*request) for request in requests]
         groups: dict[tuple[str, int | None], list[int]] = defaultdict(list)
         for index, request in enumerate(requests):
@@ -139,8 +146,33 @@ class RolloutWorker:
         return results
 
     def load_weights(self, agent_name: str, weights: dict[str, torch.Tensor]) -> None:
-        """Push the learner's `state_dict()` into `agent_name`'s engine in place."""
-        self._engine(agent_name).load_weights(weights)
+        """Push the learner's `state_dict()` into `agent_name`'s engine in place (while asleep:
+        on `wake_up`, since a sleeping engine cannot take weights)."""
+        engine = self._engine(agent_name)  # an unknown agent fails now, not on waking
+        if self.asleep:
+            self.pending_weights[agent_name] = weights
+        else:
+            engine.load_weights(weights)
+
+    def sleep(self) -> dict[str, str]:
+        """Every engine frees its accelerator memory until `wake_up` (`Engine.sleep`). Returns
+        what ran, per agent ({} when already asleep)."""
+        if self.asleep:
+            return {}
+        self.asleep = True
+        return {name: engine.sleep() for name, engine in self.engines.items()}
+
+    def wake_up(self) -> dict[str, str]:
+        """Every engine takes its memory back, then the weights pushed while it slept. Returns
+        what ran, per agent ({} when already awake)."""
+        if not self.asleep:
+            return {}
+        woken = {name: engine.wake_up() for name, engine in self.engines.items()}
+        self.asleep = False
+        for name, weights in self.pending_weights.items():
+            self.engines[name].load_weights(weights)
+        self.pending_weights = {}
+        return woken
 
     def replace_agent(self, agent_name: str, path: str) -> None:
         """A swap: `agent_name`'s engine (and tool loop) rebuilt on the model at `path`, with the
@@ -150,6 +182,9 @@ class RolloutWorker:
         self.engines[agent_name] = make_engine(
             self.engine_kind, path, seed=self.seeds[agent_name], **self.engine_options
         )
+        self.pending_weights.pop(agent_name, None)  # the old model's
+        if self.asleep:
+            self.engines[agent_name].sleep()
         self.tokenizers[agent_name] = load_tokenizer(path)
         if self.tools is not None:
             self.tool_loops[agent_name] = ToolLoop(

@@ -96,15 +96,16 @@ def learner_spec(
 ) -> LearnerSpec:
     """Agent `agent_index`'s learner: its model (`team.agents[i].path`, or `model_path` after a
     swap), the recipe's loss and trust region (and value head lr in `gae` mode), and the
-    `trainer` section's settings."""
+    `trainer` section's settings (`offload` as the agent overrides it)."""
     trainer = config.trainer
+    agent = config.team.agents[agent_index]
     dtype = (
         trainer.dtype
         if trainer.dtype != "auto"
         else ("bfloat16" if device == "cuda" else "float32")
     )
     return LearnerSpec(
-        model_path=model_path or config.team.agents[agent_index].path,
+        model_path=model_path or agent.path,
         agent_index=agent_index,
         loss=settings.loss,
         trust_region=settings.trust_region,
@@ -122,4 +123,5 @@ def learner_spec(
         value_steps=config.sat_seq.value_steps,
         seed=trainer.seed + agent_index,
         num_threads=num_threads,
+        offload=agent.offload or trainer.offload,
     )

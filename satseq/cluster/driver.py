@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from satseq.cluster.coordinator import CoordinatorActor
+from satseq.cluster.metric_keys import PEAK_MEMORY
 from satseq.config import RunConfig, dump_config
 from satseq.launch.connection import connect
 
@@ -111,6 +112,13 @@ def _describe(progress: dict[str, Any], history: list[dict[str, Any]]) -> str:
         last = history[-1]
         backtracks = sum(v for k, v in last.items() if k.startswith("backtracks/"))
         parts.append(f"reward {last['reward/mean']:.3f}  backtracks {backtracks}")
+        peaks = [
+            f"{key.rpartition('/')[2]} {value:.1f}"
+            for key, value in last.items()
+            if key.startswith(PEAK_MEMORY + "/")
+        ]
+        if peaks:  # where the device reports it (CUDA)
+            parts.append(f"update peak GiB {' '.join(peaks)}")
     if progress.get("faults"):
         parts.append(f"[yellow]recovered from {progress['faults']} actor/node losses")
     return "  ".join(parts)

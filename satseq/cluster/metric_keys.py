@@ -8,6 +8,7 @@ from typing import Any
 
 TEAM_REWARD_PREFIX = "reward/mean/"  # `reward/mean/<agent>` names the team's agents
 PHASE_PREFIX = "time/"  # `time/<phase>`: seconds the stage spent in that phase
+PEAK_MEMORY = "memory/peak_gib"  # `memory/peak_gib/<agent>`: the update's peak device memory
 
 
 def agent_names(record: dict[str, Any]) -> list[str]:

@@ -9,6 +9,9 @@ over either kind of handle (`satseq.actors.calls`):
   without passing through the coordinator. This is what `satseq train` runs.
 - in-process (`InProcessCalls`): plain `Learner` and `RolloutWorker` objects in this process,
   called one after another. Recipes run on it in seconds, without Ray (tests/cluster/recipes).
+
+Colocated (`trainer.offload: idle_agents`), the rollout engines sleep while the learners work and
+wake up for generation; the runtime does both, so recipes never see it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,13 @@ from satseq.actors.learner import (
 )
 from satseq.actors.rollout import RolloutWorker, spread_requests
 from satseq.actors.topology import chain_rollouts, owner_rollouts
-from satseq.actors.trajectory import Reference, SamplingSpec, Trajectory
+from satseq.actors.trajectory import (
+    Generation,
+    GenerationRequest,
+    Reference,
+    SamplingSpec,
+    Trajectory,
+)
 from satseq.algo import maj_at_k
 from satseq.cluster.builders import LearnerSettings, learner_spec
 from satseq.cluster.faults import RESTARTED_ACTOR
@@ -62,6 +71,7 @@ class TeamRuntime:
         agent_paths: list[str] | None = None,
         start_learner: Callable[[int, str], Any] | None = None,
         stop_learner: Callable[[Any], None] | None = None,
+        colocated: bool = False,
     ):
         self.agents = agents
         self.agent_paths = agent_paths or []
@@ -76,15 +86,41 @@ class TeamRuntime:
         self.rollouts = rollouts
         self.calls = calls
         self.sandbox = sandbox
-        self.generate = spread_requests(rollouts, calls)
-        """`generate(requests, spec)`: requests dealt round-robin over the rollout workers."""
+        self.colocated = colocated
+        """The rollout engines sleep during learner calls and wake up for generation."""
+        self.engines_awake = True
+        self._spread = spread_requests(rollouts, calls)
         self.progress: dict[str, Any] = {"phase": "starting", "agent": None}
 
     # --- sampling ------------------------------------------------------------------------------
 
     def _call(self, handle: Any, method: str, *args: Any) -> Any:
-        """One call on one learner or worker, waited for."""
+        """One call on one actor, waited for."""
         return self.calls.wait([self.calls.start(handle, method, *args)])[0]
+
+    def _start_learner(self, i: int, method: str, *args: Any) -> Any:
+        """Begin a call on agent i's learner; colocated, the engines go to sleep first."""
+        self._set_engines_awake(False)
+        return self.calls.start(self.learners[i], method, *args)
+
+    def _call_learner(self, i: int, method: str, *args: Any) -> Any:
+        """One call on agent i's learner, waited for."""
+        return self.calls.wait([self._start_learner(i, method, *args)])[0]
+
+    def _set_engines_awake(self, awake: bool) -> None:
+        """Colocated: every rollout worker's engines wake up or go to sleep, once per change."""
+        if self.colocated and awake != self.engines_awake:
+            method = "wake_up" if awake else "sleep"
+            self.calls.wait([self.calls.start(worker, method) for worker in self.rollouts])
+            self.engines_awake = awake
+
+    def generate(
+        self, requests: list[GenerationRequest], spec: SamplingSpec
+    ) -> list[list[Generation]]:
+        """Requests dealt round-robin over the rollout workers; colocated, the engines wake up
+        first."""
+        self._set_engines_awake(True)
+        return self._spread(requests, spec)
 
     def prompt_ids(self, agent: int, problem: MathProblem) -> list[int]:
         """Agent `agent`'s prompt for `problem` (its tokenizer's chat template)."""
@@ -130,9 +166,7 @@ class TeamRuntime:
         out = torch.zeros(N, T, device="cpu")  # learners return their log-probs on the CPU
         rows_per_agent = [batch.rows_of(i, rows) for i in range(len(self.agents))]
         pending = {
-            i: self.calls.start(
-                self.learners[i], "logprobs", [batch.trajectories[r] for r in agent_rows]
-            )
+            i: self._start_learner(i, "logprobs", [batch.trajectories[r] for r in agent_rows])
             for i, agent_rows in enumerate(rows_per_agent)
             if agent_rows
         }
@@ -144,14 +178,12 @@ class TeamRuntime:
 
     def agent_logprobs(self, agent: int, trajectories: list[Trajectory]) -> torch.Tensor:
         """[N, T] log-probs of `trajectories` under agent `agent`'s current weights."""
-        return self._call(self.learners[agent], "logprobs", trajectories)
+        return self._call_learner(agent, "logprobs", trajectories)
 
     def _start_update(self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c):
         trajectories = [batch.trajectories[r] for r in rows]
         T = max((len(t.response_ids) for t in trajectories), default=1)
-        return self.calls.start(
-            self.learners[i], "update", trajectories, logp_cur[rows, :T], A[rows], c[rows]
-        )
+        return self._start_learner(i, "update", trajectories, logp_cur[rows, :T], A[rows], c[rows])
 
     def update(self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c) -> UpdateResult:
         """Agent i's trust-region update on `rows` of the batch (logp_cur [N, T], A and c [N])."""
@@ -171,16 +203,16 @@ class TeamRuntime:
     def values(self, i: int, batch: StageBatch, rows: list[int]) -> torch.Tensor:
         """`gae` mode: V(s_t) of agent i's value head on `rows`, [len(rows), T_i]."""
         trajectories = [batch.trajectories[r] for r in rows]
-        return self._call(self.learners[i], "values", trajectories)
+        return self._call_learner(i, "values", trajectories)
 
     def fit_values(self, i: int, batch: StageBatch, rows: list[int], returns) -> float:
         """`gae` mode: agent i's value head fitted to the GAE returns of `rows`."""
         trajectories = [batch.trajectories[r] for r in rows]
-        return self._call(self.learners[i], "fit_values", trajectories, returns)
+        return self._call_learner(i, "fit_values", trajectories, returns)
 
     def push_weights(self, i: int) -> None:
         """Agent i's rollout engines get its current weights (DESIGN §3 step 6, last line)."""
-        weights = self.calls.start(self.learners[i], "weights")
+        weights = self._start_learner(i, "weights")
         self.calls.wait(
             [
                 self.calls.start(worker, "load_weights", self.agents[i], weights)
@@ -192,7 +224,7 @@ class TeamRuntime:
 
     def policy_states(self, i: int, trajectories: list[Trajectory]) -> PolicyStates:
         """Agent i's current policy at its response states of `trajectories` (a swap's π_cur)."""
-        return self._call(self.learners[i], "policy_states", trajectories)
+        return self._call_learner(i, "policy_states", trajectories)
 
     def replace_agent(self, i: int, path: str) -> None:
         """Agent i gets a fresh learner on the model at `path` (its own optimiser, β from the
@@ -201,7 +233,7 @@ class TeamRuntime:
         resolved = str(resolve_model_path(path))
         self.stop_learner(self.learners[i])
         self.learners[i] = self.start_learner(i, path)
-        self._call(self.learners[i], "ready")
+        self._call_learner(i, "ready")
         self.calls.wait(
             [
                 self.calls.start(worker, "replace_agent", self.agents[i], resolved)
@@ -223,7 +255,7 @@ class TeamRuntime:
     ) -> DistillResult:
         """Agent i's Stage-0 projection towards π_cur (`Learner.distill`)."""
         args = (trajectories, current, delta0, max_steps, lr, target_fraction)
-        return self._call(self.learners[i], "distill", *args)
+        return self._call_learner(i, "distill", *args)
 
     # --- what the stage logs -------------------------------------------------------------------
 
@@ -359,5 +391,6 @@ def _runtime(
         calls,
         sandbox=sandbox,
         agent_paths=[agent.path for agent in config.team.agents],
+        colocated=config.trainer.offload == "idle_agents",
         **learner_factory,
     )

@@ -27,6 +27,11 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+Offload = Literal["none", "idle_agents"]
+"""Where a learner keeps its float32 master weights and AdamW state between its updates: on its
+device (none), or in host memory (idle_agents: for a team that shares its GPUs)."""
+
+
 class AgentConfig(Section):
     name: str = Field(min_length=1, description="unique agent name; outputs go to agent_<name>/")
     path: str = Field(
@@ -35,6 +40,7 @@ class AgentConfig(Section):
     role_prompt: str | None = Field(
         None, description="chain topology: this agent's role instruction"
     )
+    offload: Offload | None = Field(None, description="this agent's trainer.offload; None: that")
 
 
 class SwapConfig(Section):
@@ -299,6 +305,11 @@ class TrainerConfig(Section):
         1024, ge=1, description="response tokens per output-layer chunk: logits are [chunk, V]"
     )
     gradient_checkpointing: bool = False
+    offload: Offload = Field(
+        "none",
+        description="idle_agents: between its updates a learner keeps its master weights and "
+        "AdamW state in host memory, and the rollout engines sleep while learners work",
+    )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
         description="compute dtype (autocast); master weights and AdamW state are float32. "

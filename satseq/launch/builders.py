@@ -66,11 +66,14 @@ def eval_sampling_spec(config: RunConfig) -> SamplingSpec:
 
 def engine_options(config: RunConfig) -> dict:
     """The rollout engines' options: torch threads per CPU core of the actor, and for vLLM on
-    a GPU the share of its memory to take (`rollout.gpu_memory_utilization`)."""
+    a GPU the share of its memory to take (`rollout.gpu_memory_utilization`) and, when the
+    engines sleep while the learners train (`trainer.offload: idle_agents`), its sleep mode."""
     rollout = config.rollout
     options: dict = {"num_threads": max(1, int(rollout.resources.num_cpus))}
     if rollout.engine == "vllm" and rollout.resources.num_gpus > 0:
         options["gpu_memory_utilization"] = rollout.gpu_memory_utilization
+        if config.trainer.offload == "idle_agents":
+            options["enable_sleep_mode"] = True
     return options
 
 

@@ -242,6 +242,15 @@ def test_closing_one_vllm_engine_leaves_the_others_of_the_process_working(
     assert len(result[0][0].token_ids) > 0
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_engine_without_a_sleep_mode_reports_sleep_and_wake_up_as_noops(kind, engines):
+    # vLLM sleeps only on CUDA and when built with enable_sleep_mode (trainer.offload)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    expected = "noop:hf" if kind == "hf" else f"noop:{device}"
+    engine = engines(kind)
+    assert (engine.sleep(), engine.wake_up()) == (expected, expected)
+
+
 def test_engine_kinds_and_requests_are_checked():
     with pytest.raises(ValueError, match="unknown rollout engine"):
         make_engine("tgi", "builtin:tiny")

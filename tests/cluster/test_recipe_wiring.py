@@ -2,12 +2,16 @@
 Ray): which agent updates when, which tokens the IS weights cover, which weights get pushed."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
+from satseq.actors.learner import UpdateResult
+from satseq.actors.trajectory import SamplingSpec
 from satseq.algo.masks import owner_mask
 from satseq.cluster.recipes import RECIPES
+from satseq.cluster.recipes.base import update_metrics
 from satseq.cluster.runtime import TeamRuntime, start_in_process
 from satseq.config import QUICKSTART, load_config
 
@@ -166,3 +170,27 @@ def test_spo_updates_the_trackers_of_the_drawn_prompts_after_the_step(quickstart
     visited = [key for key in recipe.problem_of if recipe.tracker.last_response(key) is not None]
     assert len(visited) == 16  # 8 prompts per agent, each with its response stored
     assert result.metrics["spo/rho_mean"] == pytest.approx(recipe.config.spo.rho_max)
+
+
+def test_colocated_engines_sleep_while_learners_work_and_take_pushed_weights_on_waking(
+    quickstart_model,
+):
+    runtime, _, result = one_stage(
+        quickstart_model, "sat_seq", 2, "sat_seq.scheduler=static", "trainer.offload=idle_agents"
+    )
+    (worker,) = runtime.rollouts
+    # the stage ended on learner calls: the engines sleep, holding every pushed update for later
+    assert worker.asleep and sorted(worker.pending_weights) == ["a0", "a1"]
+    for learner in runtime.learners:  # offloaded at start and after its update
+        stats = learner.residency.stats
+        assert not learner.residency.resident and (stats.offloads, stats.onloads) == (2, 1)
+    assert "memory/peak_gib/a0" not in result.metrics  # the CPU reports no peak
+    runtime.generate([], SamplingSpec())
+    assert not worker.asleep
+    assert_engines_hold_the_learners_weights(runtime)
+
+
+def test_the_update_metrics_carry_the_peak_device_memory_where_there_is_one():
+    stats = UpdateResult(torch.zeros(1, 1, device="cpu"), [], 0.0, 0.0, 1, 1.0)
+    assert "memory/peak_gib" not in update_metrics(stats)
+    assert update_metrics(replace(stats, peak_memory_gib=2.5))["memory/peak_gib"] == 2.5

@@ -147,7 +147,9 @@ def test_the_run_finishes_when_the_node_of_its_actors_is_removed(tmp_path, built
     loopback = {"node_ip_address": "127.0.0.1"}
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, **loopback})
     doomed = cluster.add_node(num_cpus=2, **loopback)  # the whole team's placement group fits
-    stages = 2 * STAGES  # long enough that the removal lands mid-run on a loaded machine
+    # long enough that the removal lands mid-run: adding the spare node takes seconds, and a stage
+    # of this run well under one once checkpoints no longer pass through the coordinator
+    stages = 10 * STAGES
     driver = subprocess.Popen(
         train_command(tmp_path, stages, "--address", cluster.address),
         env=env,

@@ -2,7 +2,9 @@
 
 An engine holds one policy (one agent's weights) and does three things with it: sample
 continuations of token-id prompts, take new weights from the learner in place, and score
-given tokens teacher-forced (for checks that the engine and the learner agree).
+given tokens teacher-forced (for checks that the engine and the learner agree). When the team
+shares its GPUs with the learners (`trainer.offload: idle_agents`) it also sleeps while they
+train.
 """
 
 from __future__ import annotations
@@ -58,6 +60,16 @@ class Engine(Protocol):
         teacher-forced view of the same tokens, for parity checks and benchmarks; the training
         loop takes its behaviour log-probs from the learner (DESIGN §4), never from here.
         """
+        ...
+
+    def sleep(self) -> str:
+        """Free the engine's accelerator memory (weights and KV cache) until `wake_up`, where the
+        engine can; no `generate` nor `load_weights` in between. Returns what ran where, e.g.
+        "vllm.sleep(level=1):cuda", or "noop:<why>" where there is nothing to free."""
+        ...
+
+    def wake_up(self) -> str:
+        """Take back what `sleep` freed, with the weights the engine had. Returns what ran."""
         ...
 
     def close(self) -> None:

@@ -155,6 +155,12 @@ class HFEngine:
             logprobs = response_logprobs(self.model, batch.to(self.device), temperature)
         return [logprobs[i, : len(t.response_ids)].tolist() for i, t in enumerate(trajectories)]
 
+    def sleep(self) -> str:
+        return "noop:hf"  # transformers has no sleep mode; the model stays where it is
+
+    def wake_up(self) -> str:
+        return "noop:hf"
+
     def close(self) -> None:
         self.model = None
 

@@ -98,6 +98,12 @@ class VLLMEngine:
                 "process probably read the variable first. Weight sync needs the engine in "
                 "this process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 before any vLLM engine starts."
             )
+        # vLLM sleeps on CUDA only, and only when built for it (engine option enable_sleep_mode)
+        self.can_sleep = (
+            current_platform.is_cuda()
+            and hasattr(self.llm, "sleep")
+            and bool(options.get("enable_sleep_mode"))
+        )
         _open_engines.add(self)
 
     def generate(
@@ -170,6 +176,19 @@ class VLLMEngine:
                     ]
                 )
         return result
+
+    def sleep(self) -> str:
+        """Level 1: the weights go to host memory, the KV cache is dropped (`Engine.sleep`)."""
+        if not self.can_sleep:
+            return f"noop:{current_platform.device_type}"
+        self.llm.sleep(level=1)
+        return f"vllm.sleep(level=1):{current_platform.device_type}"
+
+    def wake_up(self) -> str:
+        if not self.can_sleep:
+            return f"noop:{current_platform.device_type}"
+        self.llm.wake_up()
+        return f"vllm.wake_up():{current_platform.device_type}"
 
     def close(self) -> None:
         if self not in _open_engines:

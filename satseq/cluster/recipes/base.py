@@ -12,6 +12,7 @@ import torch
 from satseq.actors.learner import DistillResult, PolicyStates, UpdateResult
 from satseq.actors.trajectory import GenerateFn, SamplingSpec, Trajectory
 from satseq.cluster.builders import LearnerSettings
+from satseq.cluster.metric_keys import PEAK_MEMORY
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
 from satseq.data import MathProblem
@@ -137,8 +138,9 @@ def lap(timings: dict[str, float], key: str, since: float) -> float:
 
 
 def update_metrics(stats: UpdateResult) -> dict[str, float]:
-    """What one agent's learner update did (UpdateResult → per-agent metrics)."""
-    return {
+    """What one agent's learner update did (UpdateResult → per-agent metrics). The update's peak
+    device memory is there where the device reports one (CUDA), not on the CPU."""
+    metrics = {
         "kl_quantile": stats.kl_quantile,
         "beta": stats.steps[-1].beta if stats.steps else float("nan"),
         "backtracks": stats.backtracks,
@@ -148,6 +150,9 @@ def update_metrics(stats: UpdateResult) -> dict[str, float]:
         "clip_fraction": stats.clip_fraction,
         "tokens_per_s": stats.tokens / max(stats.seconds, 1e-9),
     }
+    if stats.peak_memory_gib is not None:
+        metrics[PEAK_MEMORY] = stats.peak_memory_gib
+    return metrics
 
 
 def stage_metrics(rt: Runtime, batch: StageBatch, per_agent) -> dict[str, Any]:

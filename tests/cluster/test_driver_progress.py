@@ -1,0 +1,12 @@
+"""The driver's progress line: phase, agent, the last stage's reward and backtracks, and each
+agent's peak device memory in its last update where the device reports one (CUDA)."""
+
+from satseq.cluster.driver import _describe
+
+
+def test_the_progress_line_shows_each_agents_update_peak_where_there_is_one():
+    stage = {"reward/mean": 0.5, "backtracks/a0": 1, "backtracks/a1": 2}
+    cuda_stage = {**stage, "memory/peak_gib/a0": 12.34, "memory/peak_gib/a1": 3.0}
+    line = _describe({"phase": "update", "agent": "a1"}, [cuda_stage])
+    assert line == "update  agent a1  reward 0.500  backtracks 3  update peak GiB a0 12.3 a1 3.0"
+    assert "peak" not in _describe({"phase": "rollout"}, [stage])  # the CPU reports none
