@@ -715,6 +715,13 @@ class Learner:
         """Load what `save_state` wrote."""
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
 
+    def reset(self) -> None:
+        """Back to what the constructor made of `spec`: its weights, a fresh optimiser and β,
+        the seed's RNG (a retry of stage 0). The old model is freed before the new one loads."""
+        spec = self.spec
+        self.__dict__.clear()
+        self.__init__(spec)
+
     def ready(self) -> bool:
         return True
 

@@ -19,12 +19,15 @@ in one call, so the engine batches them.
     loop = ToolLoop(engine, tokenizer, SandboxClient(pool_actor), ToolConfig(enabled=True))
     generations = loop.generate([prompt_ids], SamplingSpec(max_new_tokens=256), counts=[4])
     generations[0][0].meta  # {"tool_calls": 1, "turns": 2, "tool_statuses": ["ok"]}
+    tool_turns(generations[0][0], tokenizer.decode)  # [ToolTurn(text, code, interpreter), ...]
+    tool_usage([g.meta["tool_calls"] for g in samples], pool_metrics["statuses"])
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -261,3 +264,54 @@ class ToolLoop:
                 status, body = Status.SANDBOX_ERROR.value, failure_observation(result)
             answers.append((status, interpreter_text(body, self.config.max_tool_response_length)))
         return answers
+
+
+@dataclass(frozen=True)
+class ToolTurn:
+    """One model turn of a tool-loop sample: what the model wrote, the code blocks in it, and
+    the tool output spliced in after it as the model read it (None: nothing ran after it)."""
+
+    text: str
+    code: list[str]
+    interpreter: str | None = None
+
+
+def tool_turns(generation: Generation, decode: Callable[[list[int]], str]) -> list[ToolTurn]:
+    """A sample's response cut into turns where tool output (response_mask 0) was spliced in;
+    a sample without tool output is one turn. `decode` turns token ids into text (a tokenizer's
+    `decode`, special tokens skipped as the loop does)."""
+    mask = generation.response_mask or [1] * len(generation.token_ids)
+    runs: list[tuple[int, list[int]]] = []  # (written by the model, its token ids)
+    for token, written in zip(generation.token_ids, mask, strict=True):
+        if runs and runs[-1][0] == written:
+            runs[-1][1].append(token)
+        else:
+            runs.append((written, [token]))
+    turns: list[ToolTurn] = []
+    for written, token_ids in runs:
+        text = decode(token_ids)
+        if written or not turns:
+            turns.append(ToolTurn(text, code_blocks(text)))
+        else:
+            turns[-1] = replace(turns[-1], interpreter=text)
+    return turns
+
+
+def tool_usage(tool_calls: Sequence[int], statuses: dict[str, int]) -> dict[str, Any]:
+    """How much samples used the sandbox, as training logs it per stage and `satseq eval`
+    writes it to summary.json.
+
+    Args:
+        tool_calls: each sample's number of sandbox runs (`Generation.meta["tool_calls"]`).
+        statuses: the sandbox pool's execution counts by status (`SandboxPool.metrics()`).
+
+    Returns:
+        {"call_fraction": share of samples that ran code, "calls_mean": runs per sample,
+        "statuses": {status: count}}.
+    """
+    n = max(len(tool_calls), 1)
+    return {
+        "call_fraction": sum(calls > 0 for calls in tool_calls) / n,
+        "calls_mean": sum(tool_calls) / n,
+        "statuses": dict(statuses),
+    }

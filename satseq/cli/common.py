@@ -34,6 +34,14 @@ CheckpointDirOption = Annotated[
 StageOption = Annotated[
     int | None, typer.Option("--stage", help="use stage K of every agent (default: the latest)")
 ]
+ToolsOption = Annotated[
+    bool,
+    typer.Option(
+        "--tools",
+        help="run the tool loop (DESIGN §5) with the sandbox pool and the tool prompt, as "
+        "rollout.tools.enabled=true does (on by default for a team trained with tools)",
+    ),
+]
 
 
 def fail(message: str) -> typer.Exit:
@@ -50,11 +58,14 @@ def resolve_config(config: Path | None, overrides: list[str] | None) -> RunConfi
         raise fail(str(err)) from None
 
 
-def resolve_config_for(checkpoint_dir: Path, overrides: list[str] | None) -> RunConfig:
-    """The team's training config (else the quickstart's) with --set overrides, or a clean exit."""
+def resolve_config_for(
+    checkpoint_dir: Path, overrides: list[str] | None, tools: bool = False
+) -> RunConfig:
+    """The team's training config (else the quickstart's) with --tools and --set overrides, or
+    a clean exit."""
     from satseq.evaluation.runner import run_config_for
 
     try:
-        return run_config_for(checkpoint_dir, overrides or [])
+        return run_config_for(checkpoint_dir, overrides or [], tools)
     except ConfigError as err:
         raise fail(str(err)) from None

@@ -13,6 +13,7 @@ from satseq.cli.common import (
     CheckpointDirOption,
     SetOption,
     StageOption,
+    ToolsOption,
     fail,
     resolve_config_for,
 )
@@ -29,18 +30,22 @@ def evaluate(
         int | None, typer.Option("--samples-per-agent", min=1, help="K (default eval.*)")
     ] = None,
     stage: StageOption = None,
+    tools: ToolsOption = False,
     set_: SetOption = None,
     address: AddressOption = None,
 ) -> None:
     """Score the team: K samples per agent per problem, the team's vote, pass@k/avg@k/maj@k.
 
     The config is the checkpoint dir's train_config.yaml (else the quickstart's) plus --set.
+    With tools (the config's rollout.tools.enabled, or --tools) every sample runs the tool loop
+    on a sandbox pool, and summary.json's "tools" reports call_fraction, calls_mean and the
+    sandbox's statuses.
     """
     from satseq.data import DataError
     from satseq.evaluation import CheckpointError, summary_table
     from satseq.evaluation.runner import run_evaluation
 
-    config = resolve_config_for(checkpoint_dir, set_)
+    config = resolve_config_for(checkpoint_dir, set_, tools)
     try:
         _, summary = run_evaluation(
             config, dataset, checkpoint_dir, output_dir, samples_per_agent, stage, address

@@ -12,6 +12,7 @@ from satseq.cli.common import (
     CheckpointDirOption,
     SetOption,
     StageOption,
+    ToolsOption,
     fail,
     resolve_config_for,
 )
@@ -30,14 +31,19 @@ def serve_team(
             "--serve-config", help="Ray Serve config for scaling; default configs/serve.yaml"
         ),
     ] = None,
+    tools: ToolsOption = False,
     set_: SetOption = None,
     address: AddressOption = None,
 ) -> None:
-    """Serve the team over HTTP (Ray Serve): POST /predict, GET /health, /metrics, /docs."""
+    """Serve the team over HTTP (Ray Serve): POST /predict, GET /health, /metrics, /docs.
+
+    With tools (the config's rollout.tools.enabled, or --tools) each agent answers through the
+    tool loop on a sandbox pool; `return_trajectories: true` shows each sample's tool turns.
+    """
     from satseq.evaluation import CheckpointError
     from satseq.serving.app import ServeConfigError, run_server
 
-    config = resolve_config_for(checkpoint_dir, set_)
+    config = resolve_config_for(checkpoint_dir, set_, tools)
     try:
         run_server(config, checkpoint_dir, port, samples_per_agent, stage, serve_config, address)
     except (CheckpointError, ServeConfigError) as err:

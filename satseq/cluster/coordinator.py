@@ -24,7 +24,6 @@ from satseq.cluster.faults import (
     FaultLog,
     actor_roles,
     fault_kind,
-    restart,
     wait_until_alive,
 )
 from satseq.cluster.metrics import StageLog
@@ -64,8 +63,11 @@ class Coordinator:
     def run_stage(self) -> dict[str, Any]:
         """The recipe's stage `self.stage`, its outputs and the resume checkpoint; all of it
         again from the stage's start whenever an actor or a node died on the way."""
+        lost: BaseException | None = None
         while True:
             try:
+                if lost is not None:  # inside the try: a loss during recovery is retried too
+                    self._recover(lost)
                 # a swap due now happens inside the retry: a retry restores the team before it
                 swaps = apply_swaps(
                     self.runtime, self.config, self.recipe, self.problems, self.stage
@@ -79,14 +81,15 @@ class Coordinator:
                 self._write_outputs(metrics, result.certificate)
                 break
             except ACTOR_LOSS as error:
-                self._recover(error)
+                lost = error
         self.faults.next_stage()
         self.stage += 1
         return metrics
 
     def _recover(self, error: BaseException) -> None:
         """After an actor or node loss: count it (StageFailed past the retry bound), wait for Ray
-        to restart what died, and put the team back to the start of the stage."""
+        to restart what died, and put the team back to the start of the stage. A loss on the way
+        (an actor restarted once more) comes back here through `run_stage`, counted again."""
         rt = self.runtime
         roles = actor_roles(
             learner=rt.learners, rollout=rt.rollouts, sandbox=[rt.sandbox] if rt.sandbox else []
@@ -106,13 +109,12 @@ class Coordinator:
 
     def _reset_to_stage_start(self) -> None:
         """Learners, engines, recipe and RNG as they were when the stage began: from the last
-        checkpoint, or for stage 0 from the start (learners restarted afresh)."""
+        checkpoint, or for stage 0 from the start (learners reset to their initial state)."""
         if self.stage > 0:
             self._restore()
             return
         self._rebuild_swapped_agents(self._configured_paths())
-        restart(self.runtime.learners)
-        wait_until_alive(self._pings())
+        self.runtime.reset_learners()
         for i in range(len(self.runtime.agents)):
             self.runtime.push_weights(i)
         self.recipe = self.recipe_class(self.config, self.runtime, self.problems)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -57,9 +58,13 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_config.yaml").write_text(dump_config(config))
     connect(address)
-    coordinator = CoordinatorActor.options(name="satseq-coordinator").remote(
-        config, str(out), resume
-    )
+    coordinator = CoordinatorActor.options(
+        name="satseq-coordinator",
+        # beside the driver: the loss of a worker node must not take the stage loop with it
+        scheduling_strategy=NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=False
+        ),
+    ).remote(config, str(out), resume)
     first_stage = ray.get(coordinator.next_stage.remote())
     if resume:
         console.print(

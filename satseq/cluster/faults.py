@@ -108,9 +108,3 @@ def wait_until_alive(pings: list[tuple[Any, str]], timeout_s: float = 600.0) -> 
                         f"an actor did not come back within {timeout_s:.0f} s: {error}"
                     ) from error
                 time.sleep(0.5)
-
-
-def restart(handles: list[Any]) -> None:
-    """Kill the actors so that Ray restarts them afresh (their constructors run again)."""
-    for handle in handles:
-        ray.kill(handle, no_restart=False)

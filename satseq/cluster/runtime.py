@@ -33,6 +33,7 @@ from satseq.actors.learner import (
     UpdateResult,
 )
 from satseq.actors.rollout import RolloutWorker, spread_requests
+from satseq.actors.tool_loop import tool_usage
 from satseq.actors.topology import chain_rollouts, owner_rollouts
 from satseq.actors.trajectory import (
     Generation,
@@ -210,6 +211,10 @@ class TeamRuntime:
         trajectories = [batch.trajectories[r] for r in rows]
         return self._call_learner(i, "fit_values", trajectories, returns)
 
+    def reset_learners(self) -> None:
+        """Every learner back to its initial state (`Learner.reset`)."""
+        self.calls.wait([self._start_learner(i, "reset") for i in range(len(self.learners))])
+
     def push_weights(self, i: int) -> None:
         """Agent i's rollout engines get its current weights (DESIGN §3 step 6, last line)."""
         weights = self._start_learner(i, "weights")
@@ -275,12 +280,12 @@ class TeamRuntime:
         the pool's execution statuses so far (cumulative counts)."""
         if self.sandbox is None:
             return {}
-        calls = [t.meta.get("tool_calls", 0) for t in trajectories]
         pool = self._call(self.sandbox, "metrics")
+        usage = tool_usage([t.meta.get("tool_calls", 0) for t in trajectories], pool["statuses"])
         return {
-            "tools/call_fraction": float(np.mean([n > 0 for n in calls])),
-            "tools/calls_mean": float(np.mean(calls)),
-            **{f"sandbox/{status}": count for status, count in pool["statuses"].items()},
+            "tools/call_fraction": usage["call_fraction"],
+            "tools/calls_mean": usage["calls_mean"],
+            **{f"sandbox/{status}": count for status, count in usage["statuses"].items()},
         }
 
     def set_progress(self, phase: str, agent: str | None = None) -> None:
@@ -299,7 +304,9 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
     agents, model_paths = _team(config)
     placement = place_team(config)
     sandbox = (
-        start_sandbox_pool(config, "satseq-sandbox-pool") if config.rollout.tools.enabled else None
+        start_sandbox_pool(config.sandbox, "satseq-sandbox-pool")
+        if config.rollout.tools.enabled
+        else None
     )
     generation = count()  # a swapped-in learner's actor gets a name of its own
 

@@ -1,7 +1,8 @@
 """What `satseq eval` writes (DESIGN §8) and the table it prints.
 
 `<output_dir>/predictions.jsonl`: one `ProblemResult.as_record()` per line;
-`summary.json`: `TeamEvaluation.summary()` plus what was evaluated;
+`summary.json`: `TeamEvaluation.summary()` plus what was evaluated, and with the tool loop
+  "tools": {"call_fraction", "calls_mean", "statuses"} (`actors.tool_loop.tool_usage`);
 `inference_config.yaml`: the dataset, the agents' model dirs, the sampling, the resolved config.
 """
 
@@ -31,9 +32,12 @@ def write_predictions(path: str | Path, evaluation: TeamEvaluation) -> None:
 
 
 def write_outputs(
-    output_dir: str | Path, evaluation: TeamEvaluation, inference_config: dict[str, Any]
+    output_dir: str | Path,
+    evaluation: TeamEvaluation,
+    inference_config: dict[str, Any],
+    tools: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write the three files; returns the summary as written."""
+    """Write the three files; returns the summary as written (with "tools" when given)."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_predictions(out / PREDICTIONS, evaluation)
@@ -42,6 +46,8 @@ def write_outputs(
         for key in ("dataset", "checkpoint_dir")
         if key in inference_config
     }
+    if tools is not None:
+        summary["tools"] = tools
     write_text_atomically(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
     write_text_atomically(out / INFERENCE_CONFIG, yaml.safe_dump(inference_config, sort_keys=False))
     return summary
@@ -69,5 +75,12 @@ def summary_table(summary: dict[str, Any], title: str = "satseq eval") -> Table:
             f"{values['accuracy']:.3f}",
             f"{values['avg@k']:.3f}",
             f"{values['pass@k']:.3f}",
+        )
+    if summary.get("tools"):
+        tools = summary["tools"]
+        statuses = ", ".join(f"{status} {count}" for status, count in tools["statuses"].items())
+        table.caption = (
+            f"tools: {tools['call_fraction']:.0%} of samples ran code, "
+            f"{tools['calls_mean']:.2f} runs per sample; sandbox: {statuses or 'no runs'}"
         )
     return table

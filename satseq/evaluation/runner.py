@@ -9,6 +9,7 @@ import ray
 import yaml
 
 from satseq.actors.rollout import spread_requests
+from satseq.actors.tool_loop import tool_usage
 from satseq.config import QUICKSTART, RunConfig, dump_config, load_config
 from satseq.evaluation.checkpoints import resolve_team
 from satseq.evaluation.datasets import resolve_dataset
@@ -20,13 +21,20 @@ from satseq.launch.connection import connect
 from satseq.models import load_tokenizer
 
 TRAIN_CONFIG = "train_config.yaml"
+# `--tools`: the DESIGN §5 tool loop, and the prompt that tells the model it may write code
+TOOL_OVERRIDES = ("rollout.tools.enabled=true", "data.prompt.tool_prompt=true")
 
 
-def run_config_for(checkpoint_dir: str | Path, overrides: list[str]) -> RunConfig:
+def run_config_for(
+    checkpoint_dir: str | Path, overrides: list[str], tools: bool = False
+) -> RunConfig:
     """The config a team was trained with (`<dir>/train_config.yaml`), else the quickstart's,
-    then `overrides`: so evaluation and serving prompt and score as training did."""
+    then `overrides`: so evaluation and serving prompt, score and run tools as training did.
+    `tools` turns the tool loop on whatever the config says (`TOOL_OVERRIDES`, before
+    `overrides`)."""
     trained = Path(checkpoint_dir) / TRAIN_CONFIG
-    return load_config(trained if trained.is_file() else QUICKSTART, overrides)
+    extra = list(TOOL_OVERRIDES) if tools else []
+    return load_config(trained if trained.is_file() else QUICKSTART, [*extra, *overrides])
 
 
 def run_evaluation(
@@ -40,6 +48,10 @@ def run_evaluation(
 ) -> tuple[TeamEvaluation, dict[str, Any]]:
     """Evaluate the team in `checkpoint_dir` on `dataset`; returns (evaluation, summary).
 
+    With `rollout.tools.enabled`, every sample runs the tool loop on a sandbox pool started for
+    this evaluation (limits: `rollout.tools`, `sandbox`), and the summary's "tools" says how
+    much it was used (`tool_usage`); without, the summary has no "tools".
+
     Raises DataError (dataset) or CheckpointError (checkpoint dir) before starting anything.
     """
     team = resolve_team(checkpoint_dir, stage)
@@ -48,13 +60,19 @@ def run_evaluation(
     spec = builders.eval_sampling_spec(config)
     connect(address)
     options = launch_actors.rollout_actor_options(config)  # the cluster is asked once
-    actors = launch_actors.start_rollout_actors(
-        config,
-        {name: str(path) for name, path in team.agent_paths.items()},
-        config.eval.seed,
-        lambda j: options | {"name": f"satseq-eval-rollout-{j}"},
-    )
+    sandbox = None
+    actors: list = []
+    tools = None
     try:
+        if config.rollout.tools.enabled:
+            sandbox = launch_actors.start_sandbox_pool(config.sandbox, "satseq-eval-sandbox-pool")
+        actors = launch_actors.start_rollout_actors(
+            config,
+            {name: str(path) for name, path in team.agent_paths.items()},
+            config.eval.seed,
+            lambda j: options | {"name": f"satseq-eval-rollout-{j}"},
+            sandbox=sandbox,
+        )
         evaluation = evaluate_team(
             problems,
             team.agent_names,
@@ -65,8 +83,11 @@ def run_evaluation(
             k,
             spec,
         )
+        if sandbox is not None:  # a pool of its own: its counts are this evaluation's runs
+            statuses = ray.get(sandbox.metrics.remote())["statuses"]
+            tools = tool_usage(evaluation.tool_calls(), statuses)
     finally:
-        for actor in actors:
+        for actor in [*actors, sandbox] if sandbox is not None else actors:
             ray.kill(actor)
     inference_config = {
         "dataset": dataset,
@@ -86,7 +107,7 @@ def run_evaluation(
         "engine": config.rollout.engine,
         "config": yaml_config(config),
     }
-    return evaluation, write_outputs(output_dir, evaluation, inference_config)
+    return evaluation, write_outputs(output_dir, evaluation, inference_config, tools)
 
 
 def yaml_config(config: RunConfig) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,8 @@ class ProblemResult:
     pass_at_k: float
     avg_at_k: float
     agent_correct: dict[str, bool]  # agent → is its own vote over its K samples correct
+    # agent → each of its K samples' sandbox runs (all 0 without tools)
+    tool_calls: dict[str, list[int]] = field(default_factory=dict)
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -109,6 +111,10 @@ class TeamEvaluation:
             flat[f"{prefix}{key}"] = summary[key]
         return flat
 
+    def tool_calls(self) -> list[int]:
+        """Every sample's number of sandbox runs (tool-loop samples; 0 for the others)."""
+        return [n for r in self.results for name in self.agent_names for n in r.tool_calls[name]]
+
 
 def evaluate_team(
     problems: Sequence[MathProblem],
@@ -163,12 +169,14 @@ def evaluate_team(
         answers: dict[str, list[str | None]] = {}
         correct: dict[str, list[bool]] = {}
         logprobs: dict[str, list[float | None]] = {}
+        tool_calls: dict[str, list[int]] = {}
         for a, name in enumerate(agent_names):
             r = p * len(agent_names) + a
             answers[name] = [scorer.extract_answer(text) for text in texts[r]]
             correct[name] = [rewards[r * k + j] > 0.5 for j in range(k)]
             logprobs[name] = [g.logprob for g in samples[r]]
-        results.append(_problem_result(problem, answers, correct, logprobs, scorer, k))
+            tool_calls[name] = [g.meta.get("tool_calls", 0) for g in samples[r]]
+        results.append(_problem_result(problem, answers, correct, logprobs, tool_calls, scorer, k))
     return TeamEvaluation(results, list(agent_names), k, time.perf_counter() - started)
 
 
@@ -177,6 +185,7 @@ def _problem_result(
     answers: dict[str, list[str | None]],
     correct: dict[str, list[bool]],
     logprobs: dict[str, list[float | None]],
+    tool_calls: dict[str, list[int]],
     scorer: RewardScorer,
     k: int,
 ) -> ProblemResult:
@@ -202,6 +211,7 @@ def _problem_result(
         pass_at_k=pass_at_k(len(all_correct), sum(all_correct), k),
         avg_at_k=avg_at_k(all_correct),
         agent_correct=agent_correct,
+        tool_calls=tool_calls,
     )
 
 

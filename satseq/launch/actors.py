@@ -10,6 +10,7 @@ import ray
 
 from satseq.actors.rollout import RolloutActor
 from satseq.config import RunConfig
+from satseq.config.schema import SandboxConfig
 from satseq.launch.builders import engine_options, reward_scorer, sandbox_backend
 from satseq.sandbox.pool import SandboxPoolActor
 
@@ -57,10 +58,9 @@ def start_rollout_actors(
     return actors
 
 
-def start_sandbox_pool(config: RunConfig, name: str | None = None):
-    """The SandboxPool actor for tool calls, started: a sandbox below `sandbox.min_isolation`
-    fails here, at start-up, not on the first tool call."""
-    sandbox = config.sandbox
+def start_sandbox_pool(sandbox: SandboxConfig, name: str | None = None):
+    """The SandboxPool actor for tool calls (the `sandbox:` section), started: a sandbox below
+    `sandbox.min_isolation` fails here, at start-up, not on the first tool call."""
     # stateless: Ray restarts it if it dies, and callers keep their handle
     options = {"num_cpus": 0, "max_restarts": -1} | ({"name": name} if name else {})
     pool = SandboxPoolActor.options(**options).remote(

@@ -110,7 +110,7 @@ def estimate_offline_values(
     statuses: Counter[str] = Counter()
     try:
         if config.rollout.tools.enabled:  # the model's code runs as it would in training
-            sandbox = launch_actors.start_sandbox_pool(config)
+            sandbox = launch_actors.start_sandbox_pool(config.sandbox)
         options = launch_actors.rollout_actor_options(config)
         actors = launch_actors.start_rollout_actors(
             config, {AGENT: model_dir}, config.trainer.seed, lambda j: options, sandbox=sandbox

@@ -3,6 +3,12 @@
 `AgentModel` is the plain class (the benchmark calls it in-process); `AgentDeployment` serves
 it, batching the requests that arrive together into as few engine calls as possible, and
 running them off the replica's event loop so that health checks answer during generation.
+
+With `tools` enabled each sample runs the tool loop of training (DESIGN §5, `ToolLoop`), with
+the same limits: `rollout.tools` (turns, tool output length), the request's max_tokens for model
+and tool tokens together, and the `sandbox:` section. Each replica starts its own SandboxPool
+actor, which lives and dies with it, so a graph deployed by `serve run` or a RayService needs
+nothing started beside it.
 """
 
 from __future__ import annotations
@@ -11,13 +17,16 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ray import serve
 
 from satseq.actors.engines import EngineKind, make_engine
-from satseq.actors.trajectory import SamplingSpec
+from satseq.actors.tool_loop import SandboxClient, ToolLoop, tool_turns
+from satseq.actors.trajectory import Generation, SamplingSpec
+from satseq.config.schema import SandboxConfig, ToolConfig
+from satseq.launch.actors import start_sandbox_pool
 from satseq.models import load_tokenizer
 from satseq.rewards import RewardScorer
 
@@ -38,15 +47,19 @@ HEALTH_CHECK_TIMEOUT_S = 10.0
 @dataclass(frozen=True)
 class AgentAnswers:
     """An agent's n samples of one request: the extracted answers (None: no answer found),
-    the samples' log-probabilities, and how long the engine call that made them took."""
+    the samples' log-probabilities, how long the engine call that made them took, and each
+    sample's trajectory (`sample_trajectory`: its text and tool turns)."""
 
     answers: list[str | None]
     logprobs: list[float | None]
     generation_s: float
+    trajectories: list[dict[str, Any]]
 
 
 class AgentModel:
-    """One agent's engine on its HF model dir: prompt token ids in, extracted answers out."""
+    """One agent's engine on its HF model dir: prompt token ids in, extracted answers out.
+    With `tools` enabled, a `sandbox` (a SandboxPool actor handle, or an in-process object with
+    an async `execute`) runs the model's code in the tool loop."""
 
     def __init__(
         self,
@@ -55,10 +68,19 @@ class AgentModel:
         engine: EngineKind = "hf",
         engine_options: dict[str, Any] | None = None,
         seed: int = 0,
+        tools: ToolConfig | None = None,
+        sandbox: Any = None,
     ) -> None:
+        if tools is not None and tools.enabled and sandbox is None:
+            raise ValueError("an agent with tools needs a sandbox to run the model's code")
         self.engine = make_engine(engine, model_path, seed=seed, **(engine_options or {}))
         self.tokenizer = load_tokenizer(model_path)
         self.scorer = scorer
+        self.sandbox: SandboxClient | None = None
+        self.tool_loop: ToolLoop | None = None
+        if tools is not None and tools.enabled:
+            self.sandbox = SandboxClient(sandbox)
+            self.tool_loop = ToolLoop(self.engine, self.tokenizer, self.sandbox, tools)
 
     def answer(self, requests: Sequence[AgentRequest]) -> list[AgentAnswers]:
         """answers[i] for requests[i]; one engine call per distinct (n, spec)."""
@@ -68,22 +90,52 @@ class AgentModel:
         results: list[AgentAnswers | None] = [None] * len(requests)
         for (n, spec), indices in groups.items():
             started = time.perf_counter()
-            samples = self.engine.generate([requests[i][0] for i in indices], spec, n)
+            prompts = [requests[i][0] for i in indices]
+            if self.tool_loop is not None:
+                samples = self.tool_loop.generate(prompts, spec, [n] * len(prompts))
+            else:
+                samples = self.engine.generate(prompts, spec, n)
             elapsed = time.perf_counter() - started
             for index, generations in zip(indices, samples, strict=True):
                 texts = [
                     self.tokenizer.decode(g.token_ids, skip_special_tokens=True)
                     for g in generations
                 ]
+                answers = [self.scorer.extract_answer(text) for text in texts]
                 results[index] = AgentAnswers(
-                    [self.scorer.extract_answer(text) for text in texts],
+                    answers,
                     [g.logprob for g in generations],
                     elapsed,
+                    [
+                        self.sample_trajectory(g, text, answer)
+                        for g, text, answer in zip(generations, texts, answers, strict=True)
+                    ],
                 )
         return results
 
+    def sample_trajectory(
+        self, generation: Generation, text: str, answer: str | None
+    ) -> dict[str, Any]:
+        """What /predict returns of a sample with `return_trajectories`: its response text, its
+        answer, why it ended, the sandbox's status of each code run, and its turns (what the
+        model wrote, the code it ran, the interpreter output it read back)."""
+        return {
+            "response": text,
+            "answer": answer,
+            "finish_reason": generation.finish_reason,
+            "tool_statuses": list(generation.meta.get("tool_statuses", [])),
+            "turns": [
+                asdict(turn)
+                for turn in tool_turns(
+                    generation, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
+                )
+            ],
+        }
+
     def close(self) -> None:
         self.engine.close()
+        if self.sandbox is not None:
+            self.sandbox.close()
 
 
 @serve.deployment(
@@ -92,7 +144,8 @@ class AgentModel:
     health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,
 )
 class AgentDeployment:
-    """Serves one AgentModel. Scaling (num_replicas, autoscaling) comes from configs/serve.yaml."""
+    """Serves one AgentModel. Scaling (num_replicas, autoscaling) comes from configs/serve.yaml.
+    With `tools` enabled the replica starts a SandboxPool actor on `sandbox`, its own."""
 
     def __init__(
         self,
@@ -101,8 +154,15 @@ class AgentDeployment:
         engine: EngineKind,
         engine_options: dict[str, Any],
         seed: int,
+        tools: ToolConfig | None = None,
+        sandbox: SandboxConfig | None = None,
     ) -> None:
-        self.model = AgentModel(model_path, scorer, engine, engine_options, seed)
+        use_tools = tools is not None and tools.enabled
+        # owned by this replica's process, so Ray ends it with the replica
+        self.sandbox = start_sandbox_pool(sandbox or SandboxConfig()) if use_tools else None
+        self.model = AgentModel(
+            model_path, scorer, engine, engine_options, seed, tools, self.sandbox
+        )
 
     async def ready(self) -> bool:
         return True

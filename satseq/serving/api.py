@@ -39,6 +39,23 @@ class PredictFields(BaseModel):
         return problem
 
 
+class ToolTurn(BaseModel):
+    text: str = Field(description="what the model wrote this turn")
+    code: list[str] = Field(description="the code blocks it wrote (<code>…</code>)")
+    interpreter: str | None = Field(
+        description="the sandbox's output spliced in after the turn, as the model read it "
+        "(<interpreter>…</interpreter>); null: nothing ran after it"
+    )
+
+
+class SampleTrajectory(BaseModel):
+    response: str = Field(description="the whole response: model text and tool output")
+    answer: str | None = Field(description="the extracted answer")
+    finish_reason: str = Field(description="'stop', or 'length' when max_tokens cut it")
+    tool_statuses: list[str] = Field(description="the sandbox's status of each code run")
+    turns: list[ToolTurn] = Field(description="one per model turn (one without tools)")
+
+
 class PredictResponse(BaseModel):
     predicted_answer: str | None = Field(description="the team's vote; null: no agent answered")
     individual_answers: dict[str, list[str | None]] = Field(
@@ -50,6 +67,9 @@ class PredictResponse(BaseModel):
     degraded: bool = Field(description="some agent failed or timed out; the others voted")
     failed_agents: dict[str, str] = Field(description="agent → why it has no answer")
     latency_ms: float
+    trajectories: dict[str, list[SampleTrajectory]] | None = Field(
+        None, description="with return_trajectories: agent → each sample's turns"
+    )
 
 
 class Health(BaseModel):
@@ -65,7 +85,12 @@ class Team(Protocol):
     api_key: str | None
 
     async def predict(
-        self, problem: str, samples_per_agent: int, temperature: float, max_tokens: int
+        self,
+        problem: str,
+        samples_per_agent: int,
+        temperature: float,
+        max_tokens: int,
+        return_trajectories: bool = False,
     ) -> PredictResponse: ...
 
     async def health(self) -> Health: ...
@@ -93,7 +118,16 @@ def predict_request_model(settings: ServeConfig) -> type[PredictFields]:
         ),
         max_tokens=(
             int | None,
-            Field(None, ge=1, le=settings.max_tokens, description="new tokens per sample"),
+            Field(
+                None,
+                ge=1,
+                le=settings.max_tokens,
+                description="new tokens per sample (with tools: model and tool output together)",
+            ),
+        ),
+        return_trajectories=(
+            bool,
+            Field(False, description="also return each sample's text and tool turns"),
         ),
     )
 
@@ -159,6 +193,7 @@ def make_api(team: Team) -> FastAPI:
             body.samples_per_agent or settings.samples_per_agent,
             settings.temperature if body.temperature is None else body.temperature,
             body.max_tokens or settings.max_tokens,
+            body.return_trajectories,
         )
 
     @app.get("/health", response_model=Health, responses={503: {"model": Health}})

@@ -48,12 +48,15 @@ def team_app(
 ) -> Application:
     """The graph: an AgentDeployment per agent of `settings.checkpoint_dir`, bound into the
     TeamIngress. `deployment_options` (by deployment name) are Ray Serve deployment options;
-    names the team lacks are ignored with a warning (`serve run` would refuse them)."""
+    names the team lacks are ignored with a warning (`serve run` would refuse them). With
+    `rollout.tools.enabled` each agent answers through the tool loop (`rollout.tools`,
+    `sandbox`), as in training."""
     if not settings.checkpoint_dir:
         raise ServeConfigError("serve.checkpoint_dir is not set: pass --checkpoint-dir")
     options = dict(deployment_options or {})
     team = resolve_team(settings.checkpoint_dir, settings.stage)
     scorer = builders.reward_scorer(config)
+    tools = config.rollout.tools if config.rollout.tools.enabled else None
     agents = {}
     for k, (name, path) in enumerate(team.agent_paths.items()):
         deployment = f"{AGENT_PREFIX}{name}"
@@ -63,6 +66,8 @@ def team_app(
             settings.engine,
             {"num_threads": settings.engine_threads},
             settings.seed + k,
+            tools,
+            config.sandbox,
         )
     ingress = TeamIngress.options(name=INGRESS, **options.pop(INGRESS, {}))
     if options:
@@ -84,14 +89,17 @@ def team_app(
 def build_app(args: dict[str, Any]) -> Application:
     """Ray Serve's application builder (`import_path: satseq.serving.app:build_app`).
 
-    `args` are `serve` settings (ServeConfig fields, `checkpoint_dir` required); the prompt
-    format and reward come from the checkpoint dir's train_config.yaml, as in `satseq eval`.
-    Scaling comes from the Serve config's `deployments`, which Ray applies itself.
+    `args` are `serve` settings (ServeConfig fields, `checkpoint_dir` required) and optionally
+    `tools: true` (as `satseq serve --tools`); the prompt format, reward and tool use come from
+    the checkpoint dir's train_config.yaml, as in `satseq eval`. Scaling comes from the Serve
+    config's `deployments`, which Ray applies itself.
     """
+    args = dict(args)
+    tools = bool(args.pop("tools", False))
     checkpoint_dir = args.get("checkpoint_dir")
     if not checkpoint_dir:
         raise ServeConfigError("args.checkpoint_dir is required")
-    config = run_config_for(checkpoint_dir, [])
+    config = run_config_for(checkpoint_dir, [], tools)
     return team_app(config, serve_settings(config, args))
 
 

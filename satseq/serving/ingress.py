@@ -65,7 +65,12 @@ class TeamIngress:
         return make_api(self)
 
     async def predict(
-        self, problem: str, samples_per_agent: int, temperature: float, max_tokens: int
+        self,
+        problem: str,
+        samples_per_agent: int,
+        temperature: float,
+        max_tokens: int,
+        return_trajectories: bool = False,
     ) -> PredictResponse:
         started = time.perf_counter()
         self._check_length(problem)
@@ -105,6 +110,9 @@ class TeamIngress:
             degraded=bool(failed),
             failed_agents=failed,
             latency_ms=(time.perf_counter() - started) * 1000,
+            trajectories={name: a.trajectories for name, a in answered.items()}
+            if return_trajectories
+            else None,
         )
 
     def _check_length(self, problem: str) -> None:

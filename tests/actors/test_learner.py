@@ -147,6 +147,19 @@ def test_state_round_trip_through_a_checkpoint_file(raw_tiny_model, tmp_path):
     assert all(torch.equal(learner.weights()[k], v) for k, v in reloaded.weights().items())
 
 
+def test_reset_returns_a_learner_to_its_initial_state(raw_tiny_model):
+    """A retry of stage 0 resets the learners: weights, β and the next update as if new."""
+    learner = make_learner(raw_tiny_model, target_kl=1e-3)
+    fresh = make_learner(raw_tiny_model, target_kl=1e-3)
+    batch_trajs = trajectories(learner.tokenizer)
+    learner.update(batch_trajs, learner.logprobs(batch_trajs), torch.ones(4), torch.ones(4))
+    learner.reset()
+    assert learner.region.beta == fresh.region.beta
+    for agent in (learner, fresh):
+        agent.update(batch_trajs, agent.logprobs(batch_trajs), torch.ones(4), torch.ones(4))
+    assert all(torch.equal(fresh.weights()[k], v) for k, v in learner.weights().items())
+
+
 def test_value_head_starts_at_zero_and_fits_the_returns_of_the_agents_tokens(raw_tiny_model):
     """`gae` mode's critic: V = 0 at first (GAE = discounted returns); fitting moves V towards
     the returns on the agent's own tokens, and never the policy."""

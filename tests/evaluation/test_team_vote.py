@@ -116,6 +116,7 @@ def test_evaluate_team_by_hand(tokenizer, scorer):
     assert summary["per_agent"]["a"] == {"accuracy": 1.0, "avg@k": 0.75, "pass@k": 1.0}
     assert summary["per_agent"]["b"] == {"accuracy": 0.5, "avg@k": 0.25, "pass@k": 0.5}
     assert summary["best_agent"] == {"name": "a", "accuracy": 1.0}
+    assert "tools" not in summary and evaluation.tool_calls() == [0] * 8  # no tool loop
     assert evaluation.metrics("val/") == {
         "val/accuracy/team": 1.0,
         "val/accuracy/a": 1.0,
