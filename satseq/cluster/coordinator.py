@@ -153,24 +153,19 @@ class Coordinator:
         an actor lost here leaves no line behind and the stage is retried whole."""
         stage = metrics["stage"]
         last = stage + 1 == self.config.trainer.stages
-        if (stage + 1) % self.config.trainer.save_every == 0 or last:
-            ray.get(
-                [
-                    learner.save_pretrained.remote(
-                        str(self.output_dir / f"agent_{name}" / f"stage_{stage}")
-                    )
-                    for learner, name in zip(
-                        self.runtime.learners, self.runtime.agents, strict=True
-                    )
-                ]
-            )
         checkpoints = self.output_dir / "checkpoints"
-        ray.get(
-            [
-                learner.save_state.remote(str(learner_state_path(checkpoints, stage, i)))
-                for i, learner in enumerate(self.runtime.learners)
+        writes = [  # each learner writes its resume file and, when due, its HF dir: one round
+            learner.save_state.remote(str(learner_state_path(checkpoints, stage, i)))
+            for i, learner in enumerate(self.runtime.learners)
+        ]
+        if (stage + 1) % self.config.trainer.save_every == 0 or last:
+            writes += [
+                learner.save_pretrained.remote(
+                    str(self.output_dir / f"agent_{name}" / f"stage_{stage}")
+                )
+                for learner, name in zip(self.runtime.learners, self.runtime.agents, strict=True)
             ]
-        )
+        ray.get(writes)
         state = {
             "stage": stage + 1,  # where a resumed run starts
             "recipe": self.recipe.state_dict(),
