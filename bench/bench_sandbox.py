@@ -1,6 +1,7 @@
 """Sandbox throughput and latency: the local pool and the HTTP server against bare processes.
 
     python bench/bench_sandbox.py [--workers 8] [--runs 200] [--cpu-runs 48] [--port 0]
+                                  [--out bench/results/sandbox.txt]
 
 Two workloads, each run by `--workers` concurrent callers:
 
@@ -15,16 +16,16 @@ Three ways to run each:
 - `satseq sandbox serve`: the same backend behind the `/run_code` server, in its own process,
   called through `FusionBackend` over loopback.
 
-For each: executions per second, p50 and p99 latency, and the throughput as a fraction of the
-bare baseline measured in the same run (so a loaded machine shifts both). Reference numbers
-from the issue, 2 cores: bare 151/s, a full bubblewrap stack 79/s, p50 31-35 ms.
+For each: executions per second, p50 and p99 latency, and two ratios to the bare baseline
+measured in the same run (so a loaded machine shifts both): throughput (higher is better) and
+p99 (lower is better). The report is printed and written to `--out`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import os
 import socket
 import statistics
 import subprocess
@@ -32,6 +33,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 
@@ -136,11 +138,16 @@ def start_server(workers: int, port: int) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the sandbox server did not start within 120 s")
 
 
-def row(name: str, throughput: float, latencies: list[float], baseline: float) -> str:
-    cuts = statistics.quantiles(latencies, n=100, method="inclusive")
+def percentile(latencies: list[float], level: int) -> float:
+    return statistics.quantiles(latencies, n=100, method="inclusive")[level - 1]
+
+
+def row(name: str, measured: tuple[float, list[float]], baseline: tuple[float, list[float]]) -> str:
+    throughput, latencies = measured
+    p99 = percentile(latencies, 99)
     return (
-        f"{name:24} {throughput:9.1f} {cuts[49] * 1000:9.1f} {cuts[98] * 1000:9.1f} "
-        f"{throughput / baseline:9.2f}"
+        f"{name:24} {throughput:9.1f} {percentile(latencies, 50) * 1000:9.1f} {p99 * 1000:9.1f} "
+        f"{throughput / baseline[0]:9.2f} {p99 / percentile(baseline[1], 99):11.2f}"
     )
 
 
@@ -150,12 +157,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200, help="print(1+1) executions per method")
     parser.add_argument("--cpu-runs", type=int, default=48, help="150 ms jobs per method")
     parser.add_argument("--port", type=int, default=0, help="server port; 0 picks a free one")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/sandbox.txt"))
     args = parser.parse_args()
 
     backend = LocalBackend(LocalSandboxSettings(workers=args.workers))
-    print(backend.isolation.describe())
+    lines = [
+        f"# python bench/bench_sandbox.py  ({os.cpu_count()} CPU cores)",
+        backend.isolation.describe(),
+    ]
+    print("\n".join(lines))
     server, url = start_server(args.workers, args.port)
-    report = {}
     try:
         for workload, code in WORKLOADS.items():
             runs = args.runs if workload == "print(1+1)" else args.cpu_runs
@@ -163,20 +174,24 @@ def main() -> None:
             pool = measure(in_pool(backend, code), runs, args.workers)
             http = measure_async(FusionBackend(url, max_concurrency=args.workers), code, runs,
                                  args.workers)  # fmt: skip
-            print(f"\n{workload}: {runs} runs, {args.workers} concurrent callers")
-            print(f"{'method':24} {'exec/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'x bare':>9}")
-            for name, (throughput, latencies) in (
-                ("bare subprocess.run", baseline),
-                ("local pool", pool),
-                ("satseq sandbox serve", http),
-            ):
-                print(row(name, throughput, latencies, baseline[0]))
-                report[f"{workload} / {name}"] = round(throughput / baseline[0], 3)
+            table = [
+                "",
+                f"{workload}: {runs} runs, {args.workers} concurrent callers",
+                f"{'method':24} {'exec/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'x bare':>9} "
+                f"{'p99 x bare':>11}",
+                row("bare subprocess.run", baseline, baseline),
+                row("local pool", pool, baseline),
+                row("satseq sandbox serve", http, baseline),
+            ]
+            print("\n".join(table))
+            lines += table
     finally:
         server.terminate()
         server.wait(timeout=60)
         backend.close()
-    print("\nratios to bare:", json.dumps(report))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"\nwritten to {args.out}")
 
 
 if __name__ == "__main__":

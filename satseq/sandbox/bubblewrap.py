@@ -8,6 +8,8 @@ Inside, the program finds:
   /dev/shm and the working directory, which are the only writable places;
 - no network (a new, empty network namespace), no other user namespaces (--disable-userns),
   no capabilities, and no controlling terminal (--new-session, which blocks TIOCSTI).
+One sandbox lasts as long as the slot's zygote, which runs in it: the slot's runs share its
+namespaces one after another, and the zygote empties the writable places between them.
 bubblewrap itself runs as the slot's uid, never as root: a root-run bubblewrap would leave the
 program's processes charged to root, and root is exempt from RLIMIT_NPROC.
 """
@@ -18,7 +20,7 @@ import os
 from pathlib import Path
 
 WORKDIR = "/sandbox"
-LAUNCHER = "/run/satseq/launcher.py"
+SCRIPTS = "/run/satseq"  # where the sandbox sees the zygote's scripts
 SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 ETC_FILES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime")
 
@@ -32,13 +34,18 @@ def outermost(paths: list[Path]) -> list[Path]:
     return kept
 
 
-def bwrap_command(bwrap: str, readable: list[Path], launcher: Path, disk_mb: int) -> list[str]:
-    """The argv prefix that starts a command in a fresh sandbox.
+def in_sandbox(script: Path) -> str:
+    """Where the sandbox sees one of the scripts that `bwrap_command` shows it."""
+    return f"{SCRIPTS}/{script.name}"
+
+
+def bwrap_command(bwrap: str, readable: list[Path], scripts: list[Path], disk_mb: int) -> list[str]:
+    """The argv prefix that starts a command in a fresh sandbox, in the caller's environment.
 
     Args:
         bwrap: the bubblewrap executable.
         readable: directories to show read-only at their own paths (the interpreter's).
-        launcher: the launcher script on the host; it is shown at `LAUNCHER`.
+        scripts: files on the host to show read-only at `in_sandbox(script)` (the zygote's).
         disk_mb: the size of each writable tmpfs (/tmp, /dev/shm and the working directory).
     """
     size = str(disk_mb * 1024 * 1024)
@@ -49,7 +56,6 @@ def bwrap_command(bwrap: str, readable: list[Path], launcher: Path, disk_mb: int
         "--disable-userns",
         "--die-with-parent",
         "--new-session",
-        "--clearenv",
         "--cap-drop", "ALL",
         "--hostname", "sandbox",
         "--ro-bind", "/usr", "/usr",
@@ -62,8 +68,9 @@ def bwrap_command(bwrap: str, readable: list[Path], launcher: Path, disk_mb: int
             command += ["--ro-bind", str(host_path), str(host_path)]
     for name in ETC_FILES:
         command += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    for script in scripts:
+        command += ["--ro-bind", str(script), in_sandbox(script)]
     command += [
-        "--ro-bind", str(launcher), LAUNCHER,
         "--proc", "/proc",
         "--dev", "/dev",
         "--size", size, "--tmpfs", "/tmp",

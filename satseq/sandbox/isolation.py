@@ -40,7 +40,7 @@ class Layer(StrEnum):
     CGROUP = "cgroup"  # memory, pids and cpu limits per slot, and its OOM counter
     SLOT_UID = "slot_uid"  # one unprivileged uid per slot, claimed host-wide
     RLIMITS = "rlimits"  # CPU, FSIZE, NOFILE, NPROC, CORE (AS without a memory cgroup)
-    SUBREAPER = "subreaper"  # the supervisor adopts and reaps orphans, then sweeps the slot
+    SUBREAPER = "subreaper"  # orphans are adopted and reaped, and the slot swept after each run
 
 
 REQUIREMENTS: dict[IsolationLevel, frozenset[Layer]] = {

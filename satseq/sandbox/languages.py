@@ -1,4 +1,4 @@
-"""The languages a sandbox runs: where the code is written and which command runs it.
+"""The languages a sandbox runs: the file that holds the code, and what the program finds.
 
 Kept free of pydantic so that the slot supervisor, which starts often, imports it cheaply.
 """
@@ -9,19 +9,6 @@ import os
 
 SOURCE_FILES: dict[str, str] = {"python": "main.py", "bash": "main.sh"}
 """The file, in the working directory, that holds a request's code for each language."""
-
-
-def program_argv(language: str, python: str) -> list[str]:
-    """The command that runs the code file of `language`, relative to the working directory.
-
-    Args:
-        python: the sandbox's Python interpreter, as an absolute path.
-    """
-    if language == "python":
-        return [python, SOURCE_FILES["python"]]
-    if language == "bash":
-        return ["/bin/bash", SOURCE_FILES["bash"]]
-    raise ValueError(f"unsupported language {language!r}; supported: {sorted(SOURCE_FILES)}")
 
 
 def program_path(python: str) -> str:

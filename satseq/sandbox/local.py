@@ -1,9 +1,10 @@
 """The local backend: a pool of isolated slots on this machine (DESIGN §6).
 
 Each slot is a supervisor process (supervisor.py) with its own uid, cgroup and working
-directory. The backend starts them, checks that together they reach the configured minimum
-isolation level (and refuses to start otherwise), hands each request to an idle slot, and
-restarts a slot whose supervisor died or stopped answering.
+directory, which keeps a zygote (zygote.py) in the slot's sandbox that forks each run. The
+backend starts them, checks that together they reach the configured minimum isolation level
+(and refuses to start otherwise), hands each request to an idle slot, and restarts a slot
+whose supervisor died or stopped answering.
 
     with LocalBackend(LocalSandboxSettings(workers=8)) as sandbox:
         result = sandbox.run(ExecutionRequest(code="print(1 + 1)"))

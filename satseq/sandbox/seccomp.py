@@ -1,4 +1,4 @@
-"""The seccomp filter: a classic-BPF program, built here and installed by the launcher.
+"""The seccomp filter: a classic-BPF program, built here and installed by the zygote.
 
 Built by hand rather than with libseccomp so that the project needs no C library binding: the
 program is small (one comparison per denied system call) and its tests read it back.
@@ -8,6 +8,9 @@ It denies, with EPERM:
 - namespace and mount changes: unshare, setns, mount and the new mount API, pivot_root,
   chroot, and clone with any CLONE_NEW* flag;
 - tracing other processes: ptrace, process_vm_readv/writev;
+- IPC objects that outlive their processes: System V shared memory, semaphores and message
+  queues, and POSIX message queues. A slot's namespaces last as long as its zygote, so such
+  an object would carry one run's data into the next;
 - kernel attack surface that code has no use for: bpf, keyctl and friends, perf_event_open,
   io_uring, userfaultfd, open_by_handle_at, module loading, kexec, reboot, swap, syslog, acct.
 clone3 gets ENOSYS, because its flags sit behind a pointer that BPF cannot read; glibc then falls
@@ -53,6 +56,7 @@ DENIED_SYSCALLS = (
     "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount",
     "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
     "ptrace", "process_vm_readv", "process_vm_writev",
+    "shmget", "semget", "msgget", "mq_open",
     "bpf", "keyctl", "add_key", "request_key", "perf_event_open",
     "io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd",
     "open_by_handle_at", "name_to_handle_at",
@@ -85,7 +89,8 @@ X86_64 = Architecture(
         "open_by_handle_at": 304, "name_to_handle_at": 303, "init_module": 175,
         "finit_module": 313, "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320,
         "reboot": 169, "swapon": 167, "swapoff": 168, "syslog": 103, "acct": 163,
-        "quotactl": 179, "socket": 41, "socketpair": 53, "clone": 56, "clone3": 435,
+        "quotactl": 179, "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240,
+        "socket": 41, "socketpair": 53, "clone": 56, "clone3": 435,
     },
     x32=True,
 )  # fmt: skip
@@ -102,7 +107,8 @@ AARCH64 = Architecture(
         "open_by_handle_at": 265, "name_to_handle_at": 264, "init_module": 105,
         "finit_module": 273, "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294,
         "reboot": 142, "swapon": 224, "swapoff": 225, "syslog": 116, "acct": 89,
-        "quotactl": 60, "socket": 198, "socketpair": 199, "clone": 220, "clone3": 435,
+        "quotactl": 60, "shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180,
+        "socket": 198, "socketpair": 199, "clone": 220, "clone3": 435,
     },
     x32=False,
 )  # fmt: skip

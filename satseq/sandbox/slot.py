@@ -1,4 +1,5 @@
-"""A slot's host-side resources: its uid claim, its cgroup, its working directory, and sweeps.
+"""A slot's host-side resources: its uid claim, its cgroup, its working directory, and sweeps;
+and `SlotEnvironment`, everything about a slot that shapes its runs.
 
 A slot is one unit of concurrency of the local backend. Each is served by its own supervisor
 process (supervisor.py), which holds these resources for its lifetime.
@@ -18,10 +19,43 @@ import pwd
 import shutil
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from satseq.sandbox.cgroups import SlotCgroup
 
 STATE_DIR = Path("/run/satseq-sandbox")
 UID_RANGE = 1000  # uids tried from the configured base
+
+
+@dataclass(frozen=True)
+class SlotEnvironment:
+    """Everything about the slot that shapes a run; fixed after the supervisor's probe."""
+
+    python: str
+    readable: list[str]  # the interpreter's directories
+    bwrap_command: list[str] | None  # None: run without bubblewrap
+    zygote: str  # the zygote script's path as the sandbox sees it
+    workdir: str  # the working directory as the sandbox sees it
+    claim: UidClaim | None
+    cgroup: SlotCgroup | None
+    seccomp_filter: bytes | None
+    landlock: bool
+    disk_mb: int
+    max_processes: int
+    max_open_files: int
+    cpus: float
+
+    @property
+    def uid(self) -> int | None:
+        return self.claim.uid if self.claim else None
+
+    @property
+    def uid_is_private(self) -> bool:
+        """Whether the uid the runs see holds only this slot's processes: a slot uid, or the
+        fresh user namespace of bubblewrap. Only then does RLIMIT_NPROC count just the slot's
+        processes, and kill(-1) reach just them."""
+        return self.claim is not None or self.bwrap_command is not None
 
 
 class UidClaim:

@@ -8,10 +8,11 @@ Why a process per slot, rather than threads of the backend:
 - it is single-threaded, so it may fork, unshare a mount namespace and use `preexec_fn`;
 - a crash takes down one slot, which the backend restarts.
 
-The supervisor runs as root where the backend does, to claim a uid, join runs to the slot's
-cgroup and sweep; the runs themselves never do. It speaks protocol.py on its stdin/stdout:
-first the slot settings, answered by the probe report, then one job per frame, answered by
-one result each. It exits, cleaning up, when its stdin closes.
+The supervisor runs as root where the backend does, to claim a uid, join the zygote to the
+slot's cgroup and sweep; the runs themselves never do. It keeps one zygote (zygote.py) in the
+sandbox, which forks each run, and replaces it whenever it is gone. It speaks protocol.py on
+its stdin/stdout: first the slot settings, answered by the probe report, then one job per
+frame, answered by one result each. It exits, cleaning up, when its stdin closes.
 
 It imports no pydantic (start-up time): results are plain dicts whose "status" values are
 those of `satseq.sandbox.types.Status`.
@@ -28,16 +29,17 @@ from typing import Any
 
 from satseq.sandbox import bubblewrap, cgroups, mount_namespace, protocol, seccomp
 from satseq.sandbox.isolation import Layer
-from satseq.sandbox.runner import Job, SlotEnvironment, run_job
-from satseq.sandbox.slot import UidClaim, fresh_directory
+from satseq.sandbox.runner import Job, run_job
+from satseq.sandbox.slot import SlotEnvironment, UidClaim
+from satseq.sandbox.zygote_process import SOURCES, ZygoteFailed, ZygoteProcess
 
 PR_SET_CHILD_SUBREAPER = 36
-LAUNCHER_SOURCE = Path(__file__).with_name("launcher.py")
 WORKDIR_ROOT = Path("/tmp/satseq-sandbox")
 
 
 class Supervisor:
-    """Holds one slot's resources; `probe` finds out which layers work, `run` runs a job."""
+    """Holds one slot's resources and zygote; `probe` finds out which layers work, `run` runs
+    a job."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = settings
@@ -53,7 +55,7 @@ class Supervisor:
         if os.geteuid() == 0:
             self.claim = UidClaim.acquire(settings["uid_base"], settings["preferred_uid"])
             self.active[Layer.SLOT_UID] = f"uid {self.claim.uid}"
-            readable = [Path(path) for path in settings["readable"]] + [LAUNCHER_SOURCE]
+            readable = [Path(path) for path in settings["readable"]] + list(SOURCES)
             try:
                 mount_namespace.expose(bubblewrap.outermost(readable))
             except OSError as error:  # e.g. a container without CAP_SYS_ADMIN
@@ -73,6 +75,7 @@ class Supervisor:
         self.seccomp_filter = seccomp.build_filter(arch) if arch else None
         if arch is None:
             self.missing[Layer.SECCOMP] = f"no system call table for {os.uname().machine}"
+        self.zygote: ZygoteProcess | None = None
 
     def _environment(self, bwrap: str | None, landlock: bool, seccomp_on: bool) -> SlotEnvironment:
         settings = self.settings
@@ -81,11 +84,11 @@ class Supervisor:
             python=settings["python"],
             readable=settings["readable"],
             bwrap_command=(
-                bubblewrap.bwrap_command(bwrap, readable, LAUNCHER_SOURCE, settings["disk_mb"])
+                bubblewrap.bwrap_command(bwrap, readable, list(SOURCES), settings["disk_mb"])
                 if bwrap
                 else None
             ),
-            launcher=bubblewrap.LAUNCHER if bwrap else str(LAUNCHER_SOURCE),
+            zygote=bubblewrap.in_sandbox(SOURCES[0]) if bwrap else str(SOURCES[0]),
             workdir=bubblewrap.WORKDIR if bwrap else str(self.host_workdir),
             claim=self.claim,
             cgroup=self.cgroup,
@@ -97,41 +100,56 @@ class Supervisor:
             cpus=settings["cpus"],
         )
 
-    def probe(self) -> dict[str, Any]:
-        """Run a trivial program through the stack, with bubblewrap if it works here, and
-        report each layer as active (with a detail) or missing (with the reason); later runs
-        use exactly the active layers."""
+    def _start_zygote(self, environment: SlotEnvironment, probe: bool) -> ZygoteProcess:
+        return ZygoteProcess(environment, probe, self.settings["probe_timeout_s"])
+
+    def _probe_zygote(self, environment: SlotEnvironment) -> ZygoteProcess:
+        """A zygote on `environment` that has run a trivial program; it installed what it
+        could of the layers (`layers`).
+
+        Raises:
+            ZygoteFailed: it did not start, or the program did not run.
+        """
+        zygote = self._start_zygote(environment, probe=True)
         probe = Job(
             language="python",
             code="import sys\n",
-            probe=True,
             timeout_s=self.settings["probe_timeout_s"],
             memory_mb=self.settings["memory_mb"],
             max_output_bytes=65536,
         )
+        result = run_job(zygote, probe)
+        if result["status"] != "ok":
+            zygote.stop()
+            raise ZygoteFailed(f"the probe program failed: {result['stderr'].strip()}")
+        return zygote
+
+    def probe(self) -> dict[str, Any]:
+        """Start a zygote and run a trivial program on it, with bubblewrap if it works here,
+        and report each layer as active (with a detail) or missing (with the reason). That
+        zygote serves the runs, and its replacements install exactly the active layers."""
         seccomp_on = self.seccomp_filter is not None
-        result = None
         if not self.settings["bubblewrap"]:
             self.missing[Layer.BUBBLEWRAP] = "disabled in the backend settings"
         elif (path := shutil.which("bwrap")) is None:
             self.missing[Layer.BUBBLEWRAP] = "bwrap not found (Debian: package bubblewrap)"
         else:
-            self.environment = self._environment(path, landlock=True, seccomp_on=seccomp_on)
-            result = self.run(probe)
-            if result["status"] == "ok":
+            environment = self._environment(path, landlock=True, seccomp_on=seccomp_on)
+            try:
+                self.zygote = self._probe_zygote(environment)
                 self.active[Layer.BUBBLEWRAP] = path
-            else:
-                self.missing[Layer.BUBBLEWRAP] = f"probe failed: {result['stderr'].strip()[-500:]}"
-                result = None
-        if result is None:
-            self.environment = self._environment(None, landlock=True, seccomp_on=seccomp_on)
-            result = self.run(probe)
-            if result["status"] != "ok":
+            except ZygoteFailed as error:
+                self.missing[Layer.BUBBLEWRAP] = f"probe failed: {str(error)[-500:]}"
+        if self.zygote is None:
+            environment = self._environment(None, landlock=True, seccomp_on=seccomp_on)
+            try:
+                self.zygote = self._probe_zygote(environment)
+            except ZygoteFailed as error:
                 raise RuntimeError(
-                    f"the sandbox cannot run a trivial program: {result}{self.exposure_error}"
-                )
+                    f"the sandbox cannot run a trivial program: {error}{self.exposure_error}"
+                ) from None
         for layer in (Layer.LANDLOCK, Layer.SECCOMP):
-            detail = result["layers"].get(str(layer))
+            detail = self.zygote.layers.get(str(layer))
             if isinstance(detail, str):
                 self.missing[layer] = detail
             elif detail is not None:
@@ -141,7 +159,7 @@ class Supervisor:
             landlock=Layer.LANDLOCK in self.active,
             seccomp_on=Layer.SECCOMP in self.active,
         )
-        if self.environment.nproc:
+        if self.environment.uid_is_private:
             limits = "CPU FSIZE NOFILE NPROC CORE" + ("" if self.cgroup else " AS")
             self.active[Layer.RLIMITS] = limits
         else:
@@ -154,17 +172,24 @@ class Supervisor:
         }
 
     def run(self, job: Job) -> dict[str, Any]:
-        """Run one job (see runner.py); without bubblewrap, in a fresh host directory."""
-        if self.environment.bwrap_command is None:
-            fresh_directory(self.host_workdir, self.environment.uid)
+        """Run one job (see runner.py) on the zygote; a zygote that is gone is replaced first,
+        and one found gone as the job is handed over is replaced and handed the job again."""
+        if not self.zygote.alive():
+            self._replace_zygote()
         try:
-            return run_job(self.environment, job)
-        finally:
-            if self.environment.bwrap_command is None:
-                shutil.rmtree(self.host_workdir, ignore_errors=True)
+            return run_job(self.zygote, job)
+        except ZygoteFailed:
+            self._replace_zygote()
+            return run_job(self.zygote, job)
+
+    def _replace_zygote(self) -> None:
+        self.zygote.stop()
+        self.zygote = self._start_zygote(self.environment, probe=False)
 
     def close(self) -> None:
         """Kill what is left of the slot, remove its cgroup and directory, free its uid."""
+        if self.zygote is not None:
+            self.zygote.stop()
         if self.claim is not None:
             self.claim.kill_all()
         if self.cgroup is not None:

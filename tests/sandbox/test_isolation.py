@@ -70,7 +70,7 @@ def test_interpreter_under_tmp_is_bound_after_the_sandbox_tmpfs(tmp_path):
     from satseq.sandbox.bubblewrap import bwrap_command
 
     venv = Path("/tmp/some-clone/.venv")
-    command = bwrap_command("bwrap", [venv], tmp_path / "launcher.py", disk_mb=8)
+    command = bwrap_command("bwrap", [venv], [tmp_path / "zygote.py"], disk_mb=8)
     tmpfs_at = command.index("/tmp", command.index("--tmpfs"))
     bind_at = command.index(str(venv))
     assert command[bind_at - 1] == "--ro-bind" and bind_at > tmpfs_at

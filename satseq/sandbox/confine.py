@@ -1,35 +1,17 @@
-"""The launcher: runs inside the sandbox, installs the in-process layers, runs the program.
+"""What the zygote installs on itself before it serves any run: Landlock and the seccomp filter.
 
-The slot supervisor starts it, under bubblewrap where available, as
-
-    python -I -S launcher.py SPEC_FD STATUS_FD
-
-and it:
-1. reads the launch spec (JSON) from SPEC_FD;
-2. restricts itself with Landlock and the seccomp filter, so that everything it starts
-   inherits both (bubblewrap has finished its own mount and unshare calls by then);
-3. writes the code and the input files into the working directory;
-4. forks the program, sets its resource limits and execs it, and waits for it;
-5. reads the requested files back and writes a status (JSON) to STATUS_FD: the exit code,
-   CPU time, fetched files, and which layers it installed.
-
-It stays the program's parent, rather than exec'ing it, because only a waiting parent learns
-the real wait status (bubblewrap folds a signal into exit code 128+n) and the CPU time; and
-because the files must be read back from inside, where the working directory lives.
-
-It imports only the standard library: satseq itself is not visible inside the sandbox. `-I -S`
-keeps the start fast and keeps the script's own directory off sys.path.
+Every run is a fork of the zygote, so every run inherits both; a run cannot undo either. The
+zygote imports this module beside itself inside the sandbox, where satseq is not visible: it
+imports only the standard library.
 """
 
 import base64
 import ctypes
-import json
 import os
-import resource
 import stat
-import sys
 
 PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_SECCOMP = 22
 PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_MODE_FILTER = 2
@@ -85,7 +67,7 @@ def _syscall(number, *args):
     return libc.syscall(ctypes.c_long(number), *args)
 
 
-def _prctl(option, arg):
+def prctl(option, arg):
     return libc.prctl(
         ctypes.c_int(option),
         ctypes.c_ulong(arg),
@@ -151,7 +133,7 @@ def apply_landlock(read_paths, write_paths, device_paths):
                 )
             finally:
                 os.close(path_fd)
-        _check(_prctl(PR_SET_NO_NEW_PRIVS, 1), "prctl(PR_SET_NO_NEW_PRIVS)")
+        _check(prctl(PR_SET_NO_NEW_PRIVS, 1), "prctl(PR_SET_NO_NEW_PRIVS)")
         _check(
             _syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)),
             "landlock_restrict_self",
@@ -165,7 +147,7 @@ def apply_seccomp(program):
     """Install a classic-BPF seccomp filter (`struct sock_filter[]` bytes) on this process."""
     buffer = ctypes.create_string_buffer(program, len(program))
     fprog = SockFprog(len(program) // 8, ctypes.addressof(buffer))
-    _check(_prctl(PR_SET_NO_NEW_PRIVS, 1), "prctl(PR_SET_NO_NEW_PRIVS)")
+    _check(prctl(PR_SET_NO_NEW_PRIVS, 1), "prctl(PR_SET_NO_NEW_PRIVS)")
     result = libc.prctl(
         ctypes.c_int(PR_SET_SECCOMP),
         ctypes.c_ulong(SECCOMP_MODE_FILTER),
@@ -198,76 +180,3 @@ def install_layers(spec):
                 raise
             layers[name] = f"failed: {error}"
     return layers
-
-
-def write_inputs(cwd, files):
-    """Write {relative path: base64 content} under `cwd`; the directory starts empty."""
-    for name, content in files.items():
-        path = os.path.join(cwd, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
-        )
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(base64.b64decode(content))
-
-
-def run_program(argv, env, rlimits):
-    """Fork, limit and exec the program; returns (exit code as subprocess reports it, CPU s)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            for name, (soft, hard) in rlimits.items():
-                resource.setrlimit(getattr(resource, "RLIMIT_" + name), (soft, hard))
-            os.execve(argv[0], argv, env)
-        except BaseException as error:
-            os.write(2, f"sandbox: cannot start {argv[0]}: {error}\n".encode())
-        finally:
-            os._exit(127)
-    _, wait_status, usage = os.wait4(pid, 0)
-    return os.waitstatus_to_exitcode(wait_status), usage.ru_utime + usage.ru_stime
-
-
-def read_outputs(cwd, names, max_bytes):
-    """{name: base64} for each requested regular file of at most `max_bytes` bytes."""
-    fetched = {}
-    for name in names:
-        try:
-            fd = os.open(os.path.join(cwd, name), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            continue
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)  # a FIFO or a device could block or never end
-            continue
-        with os.fdopen(fd, "rb") as handle:
-            content = handle.read(max_bytes + 1)
-        if len(content) <= max_bytes:
-            fetched[name] = base64.b64encode(content).decode("ascii")
-    return fetched
-
-
-def main(spec_fd, status_fd):
-    """Steps 1-5 of the module docstring; the status is written even when a step fails."""
-    with os.fdopen(spec_fd, "rb") as spec_file:
-        spec = json.loads(spec_file.read())
-    os.set_inheritable(status_fd, False)
-    # Not dumpable: the program, same uid, cannot open /proc/<launcher>/fd/ to reach the status.
-    _prctl(PR_SET_DUMPABLE, 0)
-    status = {"layers": {}, "exit_code": None, "cpu_s": 0.0, "files": {}, "error": None}
-    try:
-        status["layers"] = install_layers(spec)
-        os.chdir(spec["cwd"])
-        write_inputs(spec["cwd"], spec["files"])
-        status["exit_code"], status["cpu_s"] = run_program(
-            spec["argv"], spec["env"], spec["rlimits"]
-        )
-        status["files"] = read_outputs(spec["cwd"], spec["fetch_files"], spec["max_fetch_bytes"])
-    except OSError as error:
-        status["error"] = f"launcher: {error}"
-    encoded = json.dumps(status).encode()
-    while encoded:
-        encoded = encoded[os.write(status_fd, encoded) :]
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
