@@ -1,8 +1,9 @@
 """One agent of the served team: its engine behind a Ray Serve deployment (DESIGN §7).
 
 `AgentModel` is the plain class (the benchmark calls it in-process); `AgentDeployment` serves
-it, batching the requests that arrive together into as few engine calls as possible, and
-running them off the replica's event loop so that health checks answer during generation.
+it: the requests that arrive while its engine works go to the engine together, in as few calls
+as their sampling parameters allow (`satseq.serving.batching`), off the replica's event loop
+so that health checks answer during generation.
 
 With `tools` enabled each sample runs the tool loop of training (DESIGN §5, `ToolLoop`), with
 the same limits: `rollout.tools` (turns, tool output length), the request's max_tokens for model
@@ -13,7 +14,6 @@ nothing started beside it.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -29,13 +29,13 @@ from satseq.config.schema import SandboxConfig, ToolConfig
 from satseq.launch.actors import start_sandbox_pool
 from satseq.models import load_tokenizer
 from satseq.rewards import RewardScorer
+from satseq.serving.batching import EngineBatcher
 
 AgentRequest = tuple[list[int], int, SamplingSpec]
 """(prompt token ids, number of samples, how to sample)."""
 
-# Requests gathered into one engine call: bounded so that one batch's latency stays bounded.
+# Requests answered together: bounded so that one batch's latency stays bounded.
 MAX_BATCH_SIZE = 32
-BATCH_WAIT_S = 0.005
 # Serve's controller learns that a replica's process died from its next health check (the
 # check's call fails at once), so the period (Serve's default: 10 s) bounds how long a dead
 # replica goes unnoticed before its replacement starts. A live replica answers the check from
@@ -47,12 +47,14 @@ HEALTH_CHECK_TIMEOUT_S = 10.0
 @dataclass(frozen=True)
 class AgentAnswers:
     """An agent's n samples of one request: the extracted answers (None: no answer found),
-    the samples' log-probabilities, how long the engine call that made them took, and each
-    sample's trajectory (`sample_trajectory`: its text and tool turns)."""
+    the samples' log-probabilities, how long the engine call that made them took, how many
+    requests that call answered, and each sample's trajectory (`sample_trajectory`: its text
+    and tool turns)."""
 
     answers: list[str | None]
     logprobs: list[float | None]
     generation_s: float
+    batch_size: int
     trajectories: list[dict[str, Any]]
 
 
@@ -106,6 +108,7 @@ class AgentModel:
                     answers,
                     [g.logprob for g in generations],
                     elapsed,
+                    len(indices),
                     [
                         self.sample_trajectory(g, text, answer)
                         for g, text, answer in zip(generations, texts, answers, strict=True)
@@ -163,14 +166,11 @@ class AgentDeployment:
         self.model = AgentModel(
             model_path, scorer, engine, engine_options, seed, tools, self.sandbox
         )
+        # one batch at a time: the engine is never shared
+        self.batcher = EngineBatcher(self.model.answer, MAX_BATCH_SIZE)
 
     async def ready(self) -> bool:
         return True
 
     async def answer(self, prompt_ids: list[int], n: int, spec: SamplingSpec) -> AgentAnswers:
-        return await self._answer_batch((prompt_ids, n, spec))
-
-    @serve.batch(max_batch_size=MAX_BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
-    async def _answer_batch(self, requests: list[AgentRequest]) -> list[AgentAnswers]:
-        # serve.batch runs one batch at a time per replica, so the engine is never shared.
-        return await asyncio.to_thread(self.model.answer, requests)
+        return await self.batcher.submit((prompt_ids, n, spec))

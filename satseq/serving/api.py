@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from satseq.config.schema import ServeConfig
 from satseq.serving.metrics import ServeMetrics
@@ -141,6 +142,30 @@ ERRORS = {
 }
 
 
+class PredictObserver:
+    """ASGI middleware counting /predict responses by status (whatever answered: the route,
+    the API key check, validation) and timing them to their first byte. Plain ASGI: Starlette's
+    `@app.middleware("http")` costs a task and a stream per request."""
+
+    def __init__(self, app: ASGIApp, metrics: ServeMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != PREDICT_PATH:
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def observed_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(status=str(message["status"])).inc()
+                self.metrics.latency.observe(time.perf_counter() - started)
+            await send(message)
+
+        await self.app(scope, receive, observed_send)
+
+
 def make_api(team: Team) -> FastAPI:
     settings = team.settings
     PredictRequest = predict_request_model(settings)
@@ -171,14 +196,7 @@ def make_api(team: Team) -> FastAPI:
         body = json.dumps({"detail": jsonable_encoder(error.errors())}, ensure_ascii=True)
         return Response(body, status_code=422, media_type="application/json")
 
-    @app.middleware("http")
-    async def observe(request: Request, call_next):
-        started = time.perf_counter()
-        response = await call_next(request)
-        if request.url.path == PREDICT_PATH:
-            team.metrics.requests.labels(status=str(response.status_code)).inc()
-            team.metrics.latency.observe(time.perf_counter() - started)
-        return response
+    app.add_middleware(PredictObserver, metrics=team.metrics)
 
     @app.post(
         PREDICT_PATH,

@@ -12,6 +12,7 @@ sets their replicas and autoscaling by those names.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,11 @@ log = logging.getLogger(__name__)
 
 INGRESS = "TeamIngress"
 AGENT_PREFIX = "agent_"
+PROXY_ENV = {"RAY_SERVE_PROXY_USE_GRPC": "1"}
+"""Serve's HTTP proxy hands each request to the ingress over gRPC instead of as a Ray actor
+call: about 2 ms less per request on a busy 2-core machine. The proxy reads it when its process
+starts, so it applies to a Ray instance `start_server` starts; on a cluster, set it in the Ray
+nodes' environment."""
 
 
 class ServeConfigError(ValueError):
@@ -153,6 +159,8 @@ def start_server(
         flags["samples_per_agent"] = samples_per_agent
     settings = serve_settings(config, application.get("args", {}) | flags)
     app = team_app(config, settings, deployment_options(application))
+    for name, value in PROXY_ENV.items():  # before `connect` starts Ray: its processes inherit
+        os.environ.setdefault(name, value)
     connect(address)
     port = port or settings.port
     serve.start(http_options={"host": settings.host, "port": port})

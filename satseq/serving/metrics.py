@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32)  # up to the agents' MAX_BATCH_SIZE
 
 
 class ServeMetrics:
@@ -26,12 +27,15 @@ class ServeMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
-        self.agent_generation = Histogram(
+        self.agent_generation = self._per_agent_histogram(
             "satseq_agent_generation_seconds",
             "engine time of an agent's samples for one request (its batch's engine call)",
-            ["agent"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=self.registry,
+            LATENCY_BUCKETS_S,
+        )
+        self.agent_batch_size = self._per_agent_histogram(
+            "satseq_agent_batch_size",
+            "requests answered by the engine call that answered a request (dynamic batching)",
+            BATCH_SIZE_BUCKETS,
         )
         self.agreement = Histogram(
             "satseq_vote_agreement",
@@ -51,6 +55,11 @@ class ServeMetrics:
             ["agent"],
             registry=self.registry,
         )
+
+    def _per_agent_histogram(
+        self, name: str, documentation: str, buckets: tuple[float, ...]
+    ) -> Histogram:
+        return Histogram(name, documentation, ["agent"], buckets=buckets, registry=self.registry)
 
     def export(self) -> bytes:
         return generate_latest(self.registry)

@@ -25,7 +25,14 @@ from satseq.config import load_config
 from satseq.launch import builders
 from satseq.models import resolve_model_path
 from satseq.serving.agent import AgentDeployment
-from satseq.serving.app import AGENT_PREFIX, INGRESS, serve_settings, start_server, team_app
+from satseq.serving.app import (
+    AGENT_PREFIX,
+    INGRESS,
+    PROXY_ENV,
+    serve_settings,
+    start_server,
+    team_app,
+)
 from satseq.serving.ingress import TeamIngress
 from tests.serving.replicas import REPLICAS, RESILIENT_APP, TEAM
 
@@ -69,6 +76,7 @@ def server(tmp_path_factory):
         shutil.copytree(tiny, root / "team" / name)
     broken = broken_model(root / "broken")
     os.environ[API_KEY_ENV] = API_KEY  # before ray.init: replicas inherit it
+    os.environ.update(PROXY_ENV)  # as `start_server` sets it when it starts Ray itself
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         config = team_config()
@@ -94,7 +102,8 @@ def server(tmp_path_factory):
     finally:
         serve.shutdown()
         ray.shutdown()
-        os.environ.pop(API_KEY_ENV, None)
+        for name in (API_KEY_ENV, *PROXY_ENV):
+            os.environ.pop(name, None)
 
 
 @pytest.fixture(scope="package")
