@@ -354,13 +354,16 @@ class Learner:
     def update(
         self,
         trajectories: list[Trajectory],
-        logp_cur: torch.Tensor,
+        logp_cur: torch.Tensor | None,
         A: torch.Tensor,
         c: torch.Tensor,
     ) -> UpdateResult:
         """`update_steps` trust-region steps on the agent's tokens of `trajectories`.
 
-        logp_cur [N, T]: behaviour log-probs (stage-start weights, sampling temperature);
+        logp_cur [N, T]: behaviour log-probs (stage-start weights, sampling temperature); None
+        when the behaviour policy is this learner's weights as they are now: they are then the
+        first forward pass of the update, detached (that pass runs those weights on this batch,
+        as a `logprobs` call would, so the separate pass is saved).
         A, c [N]: advantages and truncated IS weights per trajectory.
         """
         started = time.perf_counter()
@@ -374,17 +377,23 @@ class Learner:
             if exact_kl
             else None
         )
-        logp_hat = logp_cur.clone()  # the agent's tokens under its unchanged weights
+        record_behaviour = logp_cur is None
+        if record_behaviour:  # filled by the first attempt's forward pass
+            T = max((len(t.response_ids) for t in trajectories), default=1)
+            logp_cur = torch.zeros(len(trajectories), max(T, 1), device="cpu")
+        logp_hat = None  # the agent's tokens under the weights of the last applied step
         steps: list[StepOutcome] = []
         attempts: list[Attempt] = []
         for step in range(spec.update_steps if micro_batches else 0):
-            outcome, step_attempts = self._step(micro_batches, logp_cur, A, c, reference, step)
+            outcome, step_attempts = self._step(
+                micro_batches, logp_cur, A, c, reference, step, record_behaviour and step == 0
+            )
             steps.append(outcome)
             attempts += step_attempts
             if outcome.applied:
                 logp_hat = step_attempts[-1].logp_new
         return UpdateResult(
-            logp_hat=logp_hat,
+            logp_hat=logp_cur.clone() if logp_hat is None else logp_hat,
             steps=steps,
             loss=attempts[-1].loss if attempts else 0.0,
             clip_fraction=attempts[-1].clip_fraction if attempts else 0.0,
@@ -401,15 +410,20 @@ class Learner:
         c: torch.Tensor,
         reference: StageReference | None,
         step: int,
+        record_behaviour: bool,
     ) -> tuple[StepOutcome, list[Attempt]]:
         """One step of the update. With the trust region: attempts until q ≤ target_kl, each
         failure restoring the weights and optimiser and growing β (DESIGN §4); without: one
-        attempt, always kept (q is still measured). Returns the outcome and its attempts."""
+        attempt, always kept (q is still measured). Returns the outcome and its attempts.
+        record_behaviour: the first attempt writes its log-probs into logp_cur."""
         attempts: list[Attempt] = []
 
         def attempt(beta: float, step_scale: float) -> float:
+            record = record_behaviour and not attempts  # a backtrack restores those weights
             attempts.append(
-                self._attempt(micro_batches, logp_cur, A, c, reference, step, beta, step_scale)
+                self._attempt(
+                    micro_batches, logp_cur, A, c, reference, step, beta, step_scale, record
+                )
             )
             return attempts[-1].kl_quantile
 
@@ -451,9 +465,12 @@ class Learner:
         step: int,
         beta: float,
         step_scale: float,
+        record_behaviour: bool,
     ) -> Attempt:
         """One AdamW step on the loss of DESIGN §4 with KL penalty β and the learning rate
-        scaled by step_scale, then the KL quantile q and the new log-probs."""
+        scaled by step_scale, then the KL quantile q and the new log-probs. record_behaviour:
+        the weights are still π_old's, and its log-probs (this forward pass's, detached) are
+        written into logp_cur before the loss reads them."""
         spec = self.spec
         for group in self.optimizer.param_groups:
             group["lr"] = spec.optimizer.lr * step_scale
@@ -468,6 +485,8 @@ class Learner:
                 logp, per_token_kl = self._logprobs_and_kl(
                     mb, index, logp_cur, reference, record_reference=step == 0, with_kl=penalise
                 )
+            if record_behaviour:
+                logp_cur[mb.rows, : logp.shape[1]] = (logp.detach() * mb.mask).float().cpu()
             pl = policy_loss(
                 logp,
                 logp_cur[mb.rows, : mb.mask.shape[1]].to(self.device),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -42,12 +43,16 @@ def majority_vote(
     ``scores`` over its answers, e.g. the samples' log-probabilities) when ``scores`` is given;
     a tie that remains goes to the cluster that reached the winning count first in input order.
 
+    ``equivalent`` is asked once per distinct pair of strings (samples often repeat an answer
+    word for word, and math-verify is slow), so it must be a function of its arguments.
+
     Returns:
         winner: the winning representative, or None when no answer voted.
         votes: cluster size per representative, in order of first appearance.
     """
     if scores is not None and len(scores) != len(answers):
         raise ValueError(f"majority vote: {len(answers)} answers but {len(scores)} scores")
+    equivalent = functools.cache(equivalent)
     votes: dict[str, int] = {}
     total_score: dict[str, float] = {}
     reached_count_at: dict[str, int] = {}  # input index of the cluster's latest vote

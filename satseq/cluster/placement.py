@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from satseq.config import RunConfig
@@ -34,6 +34,12 @@ class TeamPlacement:
     def learner_options(self, index: int) -> dict[str, Any]:
         return self._options(index, self.learner_gpus)
 
+    def learner_threads(self, index: int) -> int:
+        """Torch threads for learner `index` (`learner_threads` over where the bundles are)."""
+        nodes = placement_group_table(self.group)["bundles_to_node_id"]
+        cpus = [bundle.get("CPU", 0.0) for bundle in self.group.bundle_specs]
+        return learner_threads(cpus, [nodes[b] for b in range(len(cpus))], self.n_learners)[index]
+
     def rollout_options(self, index: int) -> dict[str, Any]:
         return self._options(self.n_learners + index, self.rollout_gpus)
 
@@ -46,6 +52,23 @@ class TeamPlacement:
                 placement_group=self.group, placement_group_bundle_index=bundle
             ),
         }
+
+
+def learner_threads(
+    bundle_cpus: list[float], bundle_nodes: list[str], n_learners: int
+) -> list[int]:
+    """Torch threads per learner (the first `n_learners` bundles): the CPUs of the team's
+    bundles on its node, shared evenly by the learners there; at least 1.
+
+    A stage's phases never overlap (generation, then the learners' passes, then generation
+    again), so while the learners work the rollout actors' CPUs are idle and theirs to use.
+    """
+    threads = []
+    for node in bundle_nodes[:n_learners]:
+        cpus = sum(c for c, n in zip(bundle_cpus, bundle_nodes, strict=True) if n == node)
+        learners = bundle_nodes[:n_learners].count(node)
+        threads.append(max(1, int(cpus / learners)))
+    return threads
 
 
 def _bundle(resources: EngineResources, cluster_has_gpu: bool, role: str) -> dict[str, float]:

@@ -184,7 +184,8 @@ class TeamRuntime:
     def _start_update(self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c):
         trajectories = [batch.trajectories[r] for r in rows]
         T = max((len(t.response_ids) for t in trajectories), default=1)
-        return self._start_learner(i, "update", trajectories, logp_cur[rows, :T], A[rows], c[rows])
+        behaviour = None if logp_cur is None else logp_cur[rows, :T]
+        return self._start_learner(i, "update", trajectories, behaviour, A[rows], c[rows])
 
     def update(self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c) -> UpdateResult:
         """Agent i's trust-region update on `rows` of the batch (logp_cur [N, T], A and c [N])."""
@@ -193,13 +194,14 @@ class TeamRuntime:
     def update_all(
         self, batch: StageBatch, rows: list[list[int]], logp_cur, A, c
     ) -> list[UpdateResult]:
-        """Every agent's update on its rows[i] at once; then the engines get the new weights."""
-        results = self.calls.wait(
-            [self._start_update(i, batch, rows[i], logp_cur, A, c) for i in range(len(self.agents))]
-        )
-        for i in range(len(self.agents)):
-            self.push_weights(i)
-        return results
+        """Every agent's update on its rows[i] at once, each followed by the push of its new
+        weights (queued behind the update on its learner, so it starts the moment the update
+        ends). logp_cur None: on-policy, each learner's current weights are the behaviour policy
+        (`Learner.update` takes their log-probs from its first forward pass)."""
+        n = len(self.agents)
+        updates = [self._start_update(i, batch, rows[i], logp_cur, A, c) for i in range(n)]
+        loads = [load for i in range(n) for load in self._start_push(i)]
+        return self.calls.wait(updates + loads)[:n]
 
     def values(self, i: int, batch: StageBatch, rows: list[int]) -> torch.Tensor:
         """`gae` mode: V(s_t) of agent i's value head on `rows`, [len(rows), T_i]."""
@@ -217,13 +219,16 @@ class TeamRuntime:
 
     def push_weights(self, i: int) -> None:
         """Agent i's rollout engines get its current weights (DESIGN §3 step 6, last line)."""
+        self.calls.wait(self._start_push(i))
+
+    def _start_push(self, i: int) -> list:
+        """Begin agent i's push: its learner's `weights()` go to every rollout worker (through
+        the object store on Ray, never through this process)."""
         weights = self._start_learner(i, "weights")
-        self.calls.wait(
-            [
-                self.calls.start(worker, "load_weights", self.agents[i], weights)
-                for worker in self.rollouts
-            ]
-        )
+        return [
+            self.calls.start(worker, "load_weights", self.agents[i], weights)
+            for worker in self.rollouts
+        ]
 
     # --- swapping an agent ----------------------------------------------------------------------
 
@@ -322,7 +327,7 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
                 i,
                 settings,
                 placement.learner_device,
-                max(1, int(config.trainer.resources.num_cpus)),
+                placement.learner_threads(i),
                 model_path=path,
             )
         )

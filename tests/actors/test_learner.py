@@ -7,6 +7,7 @@ import torch
 from satseq.actors.learner import (
     Learner,
     LearnerSpec,
+    LossSpec,
     OptimizerSpec,
     TrustRegionSpec,
 )
@@ -113,6 +114,48 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(raw_tiny_model):
     assert step_full.norm() > 0
     # float32 sums in another order agree to ~1e-6 relative; a wrong weighting is O(1) off
     assert (step_full - step_micro).norm() / step_full.norm() < 1e-4
+
+
+ON_POLICY_UPDATES = {
+    "plain PPO-clip (GRPO, SPO)": dict(
+        loss=LossSpec(ratio="token", aggregation="token_mean"),
+        trust_region=TrustRegionSpec(enabled=False, kl_estimator="k3"),
+    ),
+    "two trust-region steps, exact KL": dict(update_steps=2),
+    "three steps, k3 KL": dict(update_steps=3, kl_estimator="k3"),
+    "a rejected step, retried after a restore": dict(
+        target_kl=1e-12, max_backtracks=1, kl_coef=0.1
+    ),
+}
+
+
+@pytest.mark.parametrize("settings", ON_POLICY_UPDATES.values(), ids=ON_POLICY_UPDATES.keys())
+def test_on_policy_update_takes_behaviour_logprobs_from_its_first_forward_pass(
+    raw_tiny_model, settings
+):
+    """logp_cur None (π_old is the learner's current weights): the update is the one a
+    separate log-prob pass would have fed, without that pass."""
+    A = torch.tensor([1.0, -0.5, 0.3, -1.0])
+    results, weights = [], []
+    for from_update in (False, True):
+        learner = make_learner(raw_tiny_model, lr=1e-3, **settings)
+        batch_trajs = trajectories(learner.tokenizer)
+        logp_cur = None if from_update else learner.logprobs(batch_trajs)
+        results.append(learner.update(batch_trajs, logp_cur, A, torch.ones(4)))
+        weights.append(learner.weights())
+    separate, first_forward = results
+    for step, expected in zip(first_forward.steps, separate.steps, strict=True):
+        assert (step.decision, step.backtracks, step.beta) == (
+            expected.decision,
+            expected.backtracks,
+            expected.beta,
+        )
+        assert step.kl_quantiles == pytest.approx(expected.kl_quantiles, rel=1e-5, abs=1e-7)
+    assert first_forward.loss == pytest.approx(separate.loss, rel=1e-6, abs=1e-7)
+    assert first_forward.clip_fraction == pytest.approx(separate.clip_fraction)
+    torch.testing.assert_close(first_forward.logp_hat, separate.logp_hat)
+    for name, tensor in weights[0].items():
+        torch.testing.assert_close(weights[1][name], tensor, rtol=1e-6, atol=1e-7)
 
 
 def test_only_the_agents_own_tokens_are_trained(raw_tiny_model):

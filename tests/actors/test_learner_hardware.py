@@ -77,11 +77,13 @@ def test_every_tensor_the_learner_creates_names_its_device(raw_tiny_model, loss,
     guard = NamedDevices()
     with guard:
         result, _ = update(agent, trajectories)
+        ones = torch.ones(len(trajectories))
+        on_policy = agent.update(trajectories, None, ones, ones)  # π_old from its first pass
         agent.values(trajectories)
         agent.fit_values(trajectories, torch.ones(pad_batch(trajectories, 0).response_mask.shape))
         agent.weights()
         agent.state_dict()
-    assert result.steps, "the update must have run"
+    assert result.steps and on_policy.steps, "the updates must have run"
     assert guard.violations == []
 
 

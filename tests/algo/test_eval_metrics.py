@@ -55,6 +55,20 @@ def test_majority_vote_clusters_by_equivalence_not_string_equality():
     assert majority_vote(answers, str.__eq__) == ("3", {"3": 2, "1/2": 1, "0.5": 1, "0.50": 1})
 
 
+def test_majority_vote_asks_once_per_distinct_pair_of_answers():
+    asked = []
+
+    def counted(a: str, b: str) -> bool:
+        asked.append((a, b))
+        return same_number(a, b)
+
+    answers = ["92", "82", "92", "92", "82", "92", "0.5", "1/2"]
+    assert majority_vote(answers, counted) == ("92", {"92": 4, "82": 2, "0.5": 2})
+    # (92, 82), (92, 92), (82, 82), then 0.5 and 1/2 against each cluster before them: 8 of
+    # the 11 comparisons the vote makes
+    assert len(asked) == len(set(asked)) == 8
+
+
 def test_majority_vote_ties_go_to_the_first_cluster_to_reach_the_max():
     # "2" reaches 2 votes at index 2, "7" only at index 3
     assert majority_vote(["7", "2", "2.0", "7"], same_number) == ("2", {"7": 2, "2": 2})

@@ -49,13 +49,7 @@ def scraped_samples(text: str) -> dict[tuple[str, tuple], float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.startswith(RAY_PREFIX + "satseq_"):
-                tags = tuple(
-                    sorted(
-                        (k, v)
-                        for k, v in sample.labels.items()
-                        if k in SATSEQ_TAGS
-                    )
-                )
+                tags = tuple(sorted((k, v) for k, v in sample.labels.items() if k in SATSEQ_TAGS))
                 samples[sample.name.removeprefix(RAY_PREFIX), tags] = sample.value
     return samples
 

@@ -63,7 +63,8 @@ class Runtime(Protocol):
     def update_all(
         self, batch: StageBatch, rows: list[list[int]], logp_cur, A, c
     ) -> list[UpdateResult]:
-        """Every agent's update on its rows[i] at once, then every agent's weights pushed."""
+        """Every agent's update on its rows[i] at once, then every agent's weights pushed.
+        logp_cur None: each agent's current weights are its behaviour policy (on-policy)."""
         ...
 
     def values(self, i: int, batch: StageBatch, rows: list[int]) -> torch.Tensor: ...

@@ -52,23 +52,20 @@ class GrpoRecipe:
         clock = lap(timings, "time/sample", clock)
         rt.set_progress("rollout")
         trajectories = rt.sample(prompts, owners, stage_sampling_spec(cfg, k))  # scored, 0/1
+        batch = StageBatch.build(trajectories, n_agents)
         clock = lap(timings, "time/rollout", clock)
 
-        # 2. the behaviour log-probs at the sampling temperature
-        batch = StageBatch.build(trajectories, n_agents)
-        rt.set_progress("logprobs")
-        logp_cur = rt.logprobs(batch)
-        clock = lap(timings, "time/logprobs", clock)
-
-        # 3. A = (R − mean_G R) / (std_G R + 1e-8); Dr.GRPO drops the std
+        # 2. A = (R − mean_G R) / (std_G R + 1e-8); Dr.GRPO drops the std
         groups = group_advantages(batch.rewards.view(-1, G), normalize_std=not cfg.grpo.dr_grpo)
         A = groups.advantages.flatten()
         c = torch.ones_like(A)  # on-policy: no importance weights between agents
 
-        # 4. every agent's PPO-clip update, in parallel, then the engines get the new weights
+        # 3. every agent's PPO-clip update, in parallel, then the engines get the new weights.
+        # On-policy, the behaviour log-probs at the sampling temperature are each learner's
+        # own, taken in its update's first forward pass (logp_cur None).
         rt.set_progress("update")
         rows = [batch.rows_of(i) for i in range(n_agents)]
-        results = rt.update_all(batch, rows, logp_cur, A, c)
+        results = rt.update_all(batch, rows, None, A, c)
         lap(timings, "time/update", clock)
 
         per_agent = {

@@ -93,7 +93,7 @@ class SpoRecipe:
         p_hat = torch.tensor([self.tracker.p_hat(key) for key in drawn])  # before this step
         clock = lap(timings, "time/sample", clock)
 
-        # 2. one response per prompt, its 0/1 reward, and its behaviour log-probs
+        # 2. one response per prompt and its 0/1 reward
         rt.set_progress("rollout")
         prompts = [self.problem_of[key] for key in drawn]
         owners = [[a] for a in range(n_agents) for _ in range(B)]
@@ -101,17 +101,15 @@ class SpoRecipe:
         batch = StageBatch.build(trajectories, n_agents)
         r = torch.tensor([float(binarise_score(t.reward)) for t in trajectories])
         clock = lap(timings, "time/rollout", clock)
-        rt.set_progress("logprobs")
-        logp_cur = rt.logprobs(batch)
-        clock = lap(timings, "time/logprobs", clock)
 
         # 3. A = r − p̂, normalised over each agent's batch
         A = torch.cat([spo_advantages(r[rows], p_hat[rows]) for rows in agent_rows])
         c = torch.ones_like(A)
 
-        # 4. every agent's PPO-clip step, in parallel; then the engines get the new weights
+        # 4. every agent's PPO-clip step, in parallel; then the engines get the new weights.
+        # On-policy, the behaviour log-probs are each learner's own first forward pass.
         rt.set_progress("update")
-        results = rt.update_all(batch, [list(rows) for rows in agent_rows], logp_cur, A, c)
+        results = rt.update_all(batch, [list(rows) for rows in agent_rows], None, A, c)
         clock = lap(timings, "time/update", clock)
 
         # 5. the trackers, after the step: ρ from how far the policy moved, then r folds in
