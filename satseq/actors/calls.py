@@ -9,6 +9,7 @@ values. The same code then drives `LearnerActor`s and `RolloutActor`s on a clust
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 
@@ -16,6 +17,10 @@ class ActorCalls(Protocol):
     def start(self, handle: Any, method: str, *args: Any) -> Any: ...
 
     def wait(self, pending: list[Any]) -> list[Any]: ...
+
+    def stream(self, handle: Any, method: str, *args: Any) -> Iterator[Any]:
+        """`handle.method(*args)`, a generator, as pending results, each as it is yielded."""
+        ...
 
 
 class RayCalls:
@@ -30,6 +35,11 @@ class RayCalls:
 
         return ray.get(pending)
 
+    def stream(self, handle: Any, method: str, *args: Any) -> Iterator[Any]:
+        # at most two yielded values wait in the object store for the caller to take them
+        options = {"num_returns": "streaming", "_generator_backpressure_num_objects": 2}
+        return iter(getattr(handle, method).options(**options).remote(*args))
+
 
 class InProcessCalls:
     """Calls to plain objects in this process: each call runs when it is started."""
@@ -39,3 +49,6 @@ class InProcessCalls:
 
     def wait(self, pending: list[Any]) -> list[Any]:
         return list(pending)
+
+    def stream(self, handle: Any, method: str, *args: Any) -> Iterator[Any]:
+        return iter(getattr(handle, method)(*args))

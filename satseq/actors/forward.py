@@ -24,19 +24,39 @@ def output_layer(model: torch.nn.Module) -> OutputLayer:
     return OutputLayer(head.weight, head.bias)
 
 
-def response_hidden_states(model: torch.nn.Module, batch: PaddedBatch) -> torch.Tensor:
+class PolicyTrunk(torch.nn.Module):
+    """A causal LM without its logits: forward returns the last hidden states [N, L, H] and
+    the output layer, which the caller applies chunk by chunk. The output layer comes out of
+    the forward so that a sharded model (FSDP2, `satseq.actors.sharding`) hands over its
+    gathered weights, which its backward then reduces."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        hidden = self.model.base_model(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).last_hidden_state
+        layer = output_layer(self.model)
+        return hidden, layer.weight, layer.bias
+
+
+def response_hidden_states(
+    trunk: PolicyTrunk, batch: PaddedBatch
+) -> tuple[torch.Tensor, OutputLayer]:
     """The last hidden state of each state s_t, before response token t is chosen, [N, T, H]
-    (what the output layer and a value head V(s_t) read)."""
-    hidden = model.base_model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask
-    ).last_hidden_state
+    (what the output layer and a value head V(s_t) read), and the output layer."""
+    hidden, weight, bias = trunk(batch.input_ids, batch.attention_mask)
     N, L, H = hidden.shape
     T = batch.response_ids.shape[1]
     # sequences are left-aligned and right-padded, so default position ids are correct; the
     # state before response token t is position response_start + t − 1
     offsets = torch.arange(T, device=batch.response_start.device)
     positions = (batch.response_start.unsqueeze(1) - 1 + offsets).clamp(0, L - 1)
-    return hidden.gather(1, positions.unsqueeze(-1).expand(N, T, H))
+    return hidden.gather(1, positions.unsqueeze(-1).expand(N, T, H)), OutputLayer(weight, bias)
 
 
 def response_positions(batch: PaddedBatch) -> torch.Tensor:
@@ -54,7 +74,7 @@ def scatter_response(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
 
 
 def response_logprobs(
-    model: torch.nn.Module,
+    trunk: PolicyTrunk,
     batch: PaddedBatch,
     temperature: float,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
@@ -62,11 +82,11 @@ def response_logprobs(
     """log π(y_t | y_<t) of every response token at the sampling temperature, [N, T] float32
     (0 at padding)."""
     where = response_positions(batch)
-    hidden = response_hidden_states(model, batch)[where]
+    hidden, layer = response_hidden_states(trunk, batch)
     logp, _ = chunked_logprobs_and_kl(
-        hidden,
+        hidden[where],
         batch.response_ids[where],
-        output_layer(model),
+        layer,
         temperature,
         chunk_tokens=chunk_tokens,
     )

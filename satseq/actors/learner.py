@@ -9,6 +9,11 @@ kept rather than rounded away. Memory: logits exist one chunk of tokens at a tim
 hidden states of the batch, taken from the first forward pass, not a copy of the model; the
 backtracking snapshot lives in CPU memory. With `offload="idle_agents"` the master weights and
 AdamW state live in host memory too between updates (`satseq.actors.residency`).
+
+Sharded (`workers` W > 1): the learner is one of its agent's W ranks (`LearnerRank`), the model
+is sharded with FSDP2 and the ranks split each batch's micro-batches between them
+(`satseq.actors.sharding`); every method gives the same result on every rank, and the same as
+one unsharded learner.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import re
+import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,15 +32,28 @@ from typing import Any, Literal
 
 import ray
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 
 from satseq.actors.forward import (
-    output_layer,
+    PolicyTrunk,
     response_hidden_states,
     response_logprobs,
     response_positions,
     scatter_response,
 )
 from satseq.actors.residency import Residency, peak_memory_gib, reset_peak_memory
+from satseq.actors.sharding import (
+    ShardGroup,
+    clip_grad_norm_,
+    free_address,
+    full_state,
+    join_group,
+    shard_policy,
+)
 from satseq.actors.trajectory import PaddedBatch, Trajectory, pad_batch
 from satseq.actors.value_head import ValueHead
 from satseq.algo.kl import kl_k3, kl_quantile, sequence_kl
@@ -49,6 +70,7 @@ from satseq.algo.trust_region import (
     StepOutcome,
     TrainingSnapshot,
     TrustRegion,
+    local_shard,
     restore_training_state,
     snapshot_training_state,
     trust_region_step,
@@ -116,7 +138,10 @@ class LearnerSpec:
     seed: int = 0
     num_threads: int = 1
     # idle_agents: master weights and AdamW state in host memory except during an update
+    # (sharded: FSDP2's CPU offload of parameters, gradients and AdamW state)
     offload: Literal["none", "idle_agents"] = "none"
+    workers: int = 1  # W: the agent's learner ranks (FSDP2 over W > 1)
+    rank: int = 0  # this learner's rank among them
 
 
 @dataclass(frozen=True)
@@ -151,12 +176,14 @@ class UpdateResult:
 @dataclass
 class MicroBatch:
     """One micro-batch of an update: its rows of the batch, tensors on the learner's device,
-    agent i's token mask [n, T_mb] and its share of the loss's normaliser."""
+    agent i's token mask [n, T_mb] and its share of the loss's normaliser. A sharded rank's
+    stand-in (real=False) has weight 0 and its results are dropped."""
 
     rows: slice
     batch: PaddedBatch
     mask: torch.Tensor
     weight: float
+    real: bool = True
 
 
 @dataclass
@@ -165,7 +192,7 @@ class StageReference:
     hidden states at each micro-batch's response states, filled by the update's first forward
     pass (where π_θ is still π_cur) instead of a second model."""
 
-    layer: OutputLayer
+    layer: OutputLayer | None = None
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # micro-batch → [M, H]
 
 
@@ -222,7 +249,9 @@ def forward_pass(method: Callable) -> Callable:
     @functools.wraps(method)
     def run(self: Learner, *args: Any, **kwargs: Any) -> Any:
         with self.residency.forward_weights():
-            return method(self, *args, **kwargs)
+            result = method(self, *args, **kwargs)
+        self._reshard()
+        return result
 
     return run
 
@@ -236,6 +265,7 @@ class Learner:
         torch.manual_seed(spec.seed)
         self.compute_dtype = TORCH_DTYPES[spec.dtype]
         self.save_dtype = TORCH_DTYPES[spec.save_dtype or spec.dtype]
+        self.group = ShardGroup(spec.rank, spec.workers)
         self.model, self.tokenizer = load_policy(
             spec.model_path, dtype="float32", device=spec.device
         )
@@ -246,8 +276,11 @@ class Learner:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.model.train()
+        self.trunk = PolicyTrunk(self.model)  # what every forward pass calls
+        if self.group.sharded:
+            shard_policy(self.trunk, spec.workers, self.device, spec.offload == "idle_agents")
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=spec.optimizer.lr, weight_decay=spec.optimizer.weight_decay
+            self.trunk.parameters(), lr=spec.optimizer.lr, weight_decay=spec.optimizer.weight_decay
         )
         tr = spec.trust_region
         self.region = TrustRegion(
@@ -266,8 +299,11 @@ class Learner:
             if spec.value_lr is not None
             else None
         )
-        self.residency = Residency(
-            self.model, self.optimizer, self.compute_dtype, spec.offload == "idle_agents"
+        self.residency = Residency(  # sharded, FSDP2 offloads instead
+            self.model,
+            self.optimizer,
+            self.compute_dtype,
+            spec.offload == "idle_agents" and not self.group.sharded,
         )
         self.residency.offload()
 
@@ -283,7 +319,7 @@ class Learner:
 
     def _micro_batches(self, trajectories: list[Trajectory]) -> Iterator[tuple[slice, PaddedBatch]]:
         """Consecutive micro-batches of at most `micro_batch_size` trajectories and, if set,
-        `max_tokens_per_micro_batch` padded tokens (a longer trajectory goes alone)."""
+        `max_tokens_per_micro_batch` padded tokens (a longer trajectory goes alone), on the CPU."""
         spec = self.spec
         budget = spec.max_tokens_per_micro_batch
         start = 0
@@ -296,20 +332,25 @@ class Learner:
                     break
                 end, longest = end + 1, length
             rows = slice(start, end)
-            yield rows, pad_batch(trajectories[rows], self.pad_token_id).to(self.device)
+            yield rows, pad_batch(trajectories[rows], self.pad_token_id)
             start = end
 
     @torch.no_grad()
     def _per_token(
         self, trajectories: list[Trajectory], compute: Callable[[PaddedBatch], torch.Tensor]
     ) -> torch.Tensor:
-        """compute(micro-batch) [n, T_mb] gathered into [N, T] (T = longest response), on CPU."""
+        """compute(micro-batch) [n, T_mb] gathered into [N, T] (T = longest response), on CPU;
+        sharded, each rank computes its share of the micro-batches."""
         T = max(len(t.response_ids) for t in trajectories)
         out = torch.zeros(len(trajectories), max(T, 1), device="cpu")
-        for rows, batch in self._micro_batches(trajectories):
+        computed = []
+        for (rows, batch), real in self.group.mine(list(self._micro_batches(trajectories))):
             with self.autocast():
-                values = compute(batch)
-            out[rows, : values.shape[1]] = values.float().cpu()
+                values = compute(batch.to(self.device))
+            if real:
+                computed.append((rows, values.float().cpu()))
+        for rows, values in (part for parts in self.group.gather(computed) for part in parts):
+            out[rows, : values.shape[1]] = values
         return out
 
     @forward_pass
@@ -319,7 +360,7 @@ class Learner:
         return self._per_token(
             trajectories,
             lambda batch: response_logprobs(
-                self.model, batch, spec.temperature, spec.logit_chunk_tokens
+                self.trunk, batch, spec.temperature, spec.logit_chunk_tokens
             ),
         )
 
@@ -327,18 +368,21 @@ class Learner:
     def values(self, trajectories: list[Trajectory]) -> torch.Tensor:
         """`gae` mode: V(s_t) before every response token, [N, T]."""
         return self._per_token(
-            trajectories, lambda batch: self.value_head(response_hidden_states(self.model, batch))
+            trajectories,
+            lambda batch: self.value_head(response_hidden_states(self.trunk, batch)[0]),
         )
 
     @forward_pass
     def fit_values(self, trajectories: list[Trajectory], returns: torch.Tensor) -> float:
         """`gae` mode: `value_steps` steps of the value head towards the GAE returns [N, T] on
         the agent's tokens, with the current (updated) weights' hidden states. Returns the
-        loss before the last step. Only the value head trains: an offloaded learner stays so."""
+        loss before the last step. Only the value head trains: an offloaded learner stays so.
+        Sharded, every rank fits its own copy of the head on the whole batch."""
         hidden, targets, masks = [], [], []
         with torch.no_grad(), self.autocast():
             for rows, batch in self._micro_batches(trajectories):
-                hidden.append(response_hidden_states(self.model, batch))
+                batch = batch.to(self.device)
+                hidden.append(response_hidden_states(self.trunk, batch)[0])
                 masks.append(
                     owner_mask(batch.owner_ids, [self.spec.agent_index], batch.response_mask)
                 )
@@ -369,14 +413,8 @@ class Learner:
         started = time.perf_counter()
         reset_peak_memory(self.device)
         spec = self.spec
-        micro_batches = self._update_micro_batches(trajectories)
-        tokens = int(sum(float(mb.mask.sum()) for mb in micro_batches))
-        exact_kl = spec.trust_region.kl_estimator == "exact"
-        reference = (
-            StageReference(output_layer(self.model).detached_copy(self.compute_dtype))
-            if exact_kl
-            else None
-        )
+        micro_batches, tokens = self._update_micro_batches(trajectories)
+        reference = StageReference() if spec.trust_region.kl_estimator == "exact" else None
         record_behaviour = logp_cur is None
         if record_behaviour:  # filled by the first attempt's forward pass
             T = max((len(t.response_ids) for t in trajectories), default=1)
@@ -432,14 +470,32 @@ class Learner:
         outcome = trust_region_step(
             self.region,
             attempt,
-            save=lambda: snapshot_training_state(self.model, self.optimizer, into=self.snapshot),
-            restore=lambda snapshot: restore_training_state(self.model, self.optimizer, snapshot),
+            save=self._snapshot,
+            restore=self._restore,
         )
         return outcome, attempts
 
-    def _update_micro_batches(self, trajectories: list[Trajectory]) -> list[MicroBatch]:
-        """The micro-batches that hold agent i's tokens, padded once for every attempt, each
-        weighted by its share of the loss's normaliser (tokens or sequences)."""
+    def _snapshot(self) -> TrainingSnapshot:
+        self._reshard()
+        return snapshot_training_state(self.model, self.optimizer, into=self.snapshot)
+
+    def _restore(self, snapshot: TrainingSnapshot) -> None:
+        """Back to the weights and optimiser state of `snapshot` (a backtrack)."""
+        self._reshard()
+        restore_training_state(self.model, self.optimizer, snapshot)
+
+    def _reshard(self) -> None:
+        """Sharded: drop the gathered copy of the root's weights (embeddings, norm, output
+        layer), which FSDP2 keeps after a forward without backward, so that the parameters are
+        the shards again (what snapshots, checkpoints and restores read and write); the next
+        forward gathers them afresh."""
+        if self.group.sharded:
+            self.trunk.reshard()
+
+    def _update_micro_batches(self, trajectories: list[Trajectory]) -> tuple[list[MicroBatch], int]:
+        """This rank's micro-batches that hold agent i's tokens (sharded: its share, with
+        stand-ins), padded once for every attempt, each weighted by its share of the loss's
+        normaliser (tokens or sequences) over the whole batch; and the agent's token count."""
         micro_batches = []
         for rows, batch in self._micro_batches(trajectories):
             mask = owner_mask(batch.owner_ids, [self.spec.agent_index], batch.response_mask)
@@ -451,9 +507,14 @@ class Learner:
             if count > 0:
                 micro_batches.append(MicroBatch(rows, batch, mask, float(count)))
         total = sum(mb.weight for mb in micro_batches)
-        for mb in micro_batches:
-            mb.weight /= total
-        return micro_batches
+        tokens = int(sum(float(mb.mask.sum()) for mb in micro_batches))
+        mine = []
+        for mb, real in self.group.mine(micro_batches):
+            weight = mb.weight / total if real else 0.0
+            mine.append(
+                MicroBatch(mb.rows, mb.batch.to(self.device), mb.mask.to(self.device), weight, real)
+            )
+        return mine, tokens
 
     def _attempt(
         self,
@@ -480,6 +541,7 @@ class Learner:
         penalise = beta > 0 and step > 0
         loss_sum = torch.zeros((), device=self.device)
         clip_sum = 0.0
+        recorded = []
         for index, mb in enumerate(micro_batches):
             with self.autocast():
                 logp, per_token_kl = self._logprobs_and_kl(
@@ -487,6 +549,8 @@ class Learner:
                 )
             if record_behaviour:
                 logp_cur[mb.rows, : logp.shape[1]] = (logp.detach() * mb.mask).float().cpu()
+                if mb.real:
+                    recorded.append((mb.rows, logp_cur[mb.rows, : logp.shape[1]]))
             pl = policy_loss(
                 logp,
                 logp_cur[mb.rows, : mb.mask.shape[1]].to(self.device),
@@ -502,13 +566,15 @@ class Learner:
             loss = pl.loss
             if penalise:
                 loss = loss + kl_penalty(per_token_kl, mb.mask, beta)
-            (loss * mb.weight).backward()
+            (loss * (mb.weight * self.group.world)).backward()  # FSDP2 averages over ranks
             loss_sum += loss.detach() * mb.weight
             clip_sum += pl.clip_fraction * mb.weight
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.optimizer.grad_clip)
+        for rows, values in (part for parts in self.group.gather(recorded) for part in parts):
+            logp_cur[rows, : values.shape[1]] = values  # sharded: the other ranks' rows too
+        clip_grad_norm_(list(self.trunk.parameters()), spec.optimizer.grad_clip)
         self.optimizer.step()
         q, logp_new = self._kl_quantile_and_logprobs(micro_batches, logp_cur, reference)
-        return Attempt(float(loss_sum), clip_sum, q, logp_new)
+        return Attempt(self.group.sum(float(loss_sum)), self.group.sum(clip_sum), q, logp_new)
 
     def _logprobs_and_kl(
         self,
@@ -522,14 +588,18 @@ class Learner:
         """log π_θ of the micro-batch's response tokens [n, T_mb] and, if with_kl, the per-token
         KL(π_θ ‖ π_cur) [n, T_mb]: exact over the vocabulary, or k3 on the sampled tokens."""
         where = response_positions(mb.batch)
-        hidden = response_hidden_states(self.model, mb.batch)[where]
-        if reference is not None and record_reference and index not in reference.hidden:
-            reference.hidden[index] = hidden.detach().to(self.compute_dtype)
+        hidden, layer = response_hidden_states(self.trunk, mb.batch)
+        hidden = hidden[where]
+        if reference is not None and record_reference:
+            if reference.layer is None:  # before the first step: π_cur's
+                reference.layer = layer.detached_copy(self.compute_dtype)
+            if index not in reference.hidden:
+                reference.hidden[index] = hidden.detach().to(self.compute_dtype)
         exact = with_kl and reference is not None
         logp, kl = chunked_logprobs_and_kl(
             hidden,
             mb.batch.response_ids[where],
-            output_layer(self.model),
+            layer,
             self.spec.temperature,
             reference_hidden=reference.hidden[index] if exact else None,
             reference=reference.layer if exact else None,
@@ -549,16 +619,21 @@ class Learner:
         logp_cur: torch.Tensor,
         reference: StageReference | None,
     ) -> tuple[float, torch.Tensor]:
-        """After a step: q over the agent's sequences, and the new log-probs [N, T] (rows
-        without agent i's tokens keep logp_cur)."""
-        seq_kls = []
-        logp_new = logp_cur.clone()
+        """After a step: q over the agent's sequences (of every rank), and the new log-probs
+        [N, T] (rows without agent i's tokens keep logp_cur)."""
+        computed = []
         for index, mb in enumerate(micro_batches):
             with self.autocast():
                 logp, per_token_kl = self._logprobs_and_kl(mb, index, logp_cur, reference)
-            logp_new[mb.rows, : logp.shape[1]] = logp.cpu()
-            owns = mb.mask.sum(-1) > 0
-            seq_kls.append(sequence_kl(per_token_kl, mb.mask)[owns].float().cpu())
+            if mb.real:
+                owns = mb.mask.sum(-1) > 0
+                seq_kl = sequence_kl(per_token_kl, mb.mask)[owns]
+                computed.append((mb.rows, logp.cpu(), seq_kl.float().cpu()))
+        logp_new = logp_cur.clone()
+        seq_kls = []
+        for rows, logp, seq_kl in (part for parts in self.group.gather(computed) for part in parts):
+            logp_new[rows, : logp.shape[1]] = logp
+            seq_kls.append(seq_kl)
         q = kl_quantile(torch.cat(seq_kls), self.spec.trust_region.alpha)
         return q, logp_new
 
@@ -570,22 +645,27 @@ class Learner:
         return response_positions(batch) & (own > 0)
 
     @torch.no_grad()
-    def _own_hidden_states(self, trajectories: list[Trajectory]) -> list[torch.Tensor]:
-        """Per micro-batch, the last hidden states at the agent's response states, [M_mb, H]."""
+    def _own_hidden_states(
+        self, batches: list[PaddedBatch]
+    ) -> tuple[list[torch.Tensor], OutputLayer]:
+        """Per micro-batch (on the device), the last hidden states at the agent's response
+        states, [M_mb, H], and a frozen copy of the output layer."""
         hidden = []
-        for _, batch in self._micro_batches(trajectories):
+        for batch in batches:
             with self.autocast():
-                states = response_hidden_states(self.model, batch)[self._own_states(batch)]
-            hidden.append(states.to(self.compute_dtype))
-        return hidden
+                states, layer = response_hidden_states(self.trunk, batch)
+            hidden.append(states[self._own_states(batch)].to(self.compute_dtype))
+        return hidden, layer.detached_copy(self.compute_dtype)
+
+    def _device_batches(self, trajectories: list[Trajectory]) -> list[PaddedBatch]:
+        return [batch.to(self.device) for _, batch in self._micro_batches(trajectories)]
 
     @forward_pass
     def policy_states(self, trajectories: list[Trajectory]) -> PolicyStates:
         """This policy (π_cur of a swap) at the agent's response states of `trajectories`."""
-        layer = output_layer(self.model).detached_copy(self.compute_dtype)
-        hidden = torch.cat(self._own_hidden_states(trajectories))
+        hidden, layer = self._own_hidden_states(self._device_batches(trajectories))
         bias = None if layer.bias is None else layer.bias.cpu()
-        return PolicyStates(OutputLayer(layer.weight.cpu(), bias), hidden.cpu())
+        return PolicyStates(OutputLayer(layer.weight.cpu(), bias), torch.cat(hidden).cpu())
 
     @while_resident
     def distill(
@@ -603,18 +683,18 @@ class Learner:
 
         The loss is the exact vocabulary KL(π_λ ‖ π_θ), token-mean, a chunk of states at a
         time; steps go on until the measured mean KL(π_θ ‖ π_cur) ≤ δ0 or `max_steps` are
-        taken. It uses an AdamW of its own, so the learner's optimiser stays fresh.
+        taken. It uses an AdamW of its own, so the learner's optimiser stays fresh. Sharded,
+        every rank distils on the whole batch.
         """
         spec = self.spec
-        micro_batches = [batch for _, batch in self._micro_batches(trajectories)]
+        micro_batches = self._device_batches(trajectories)
         where = [self._own_states(batch) for batch in micro_batches]
         counts = [int(w.sum()) for w in where]
         if current.hidden.shape[0] != sum(counts):
             raise ValueError(
                 f"π_cur was given at {current.hidden.shape[0]} states, the batch has {sum(counts)}"
             )
-        pre = output_layer(self.model).detached_copy(self.compute_dtype)
-        hidden_pre = self._own_hidden_states(trajectories)
+        hidden_pre, pre = self._own_hidden_states(micro_batches)
         cur = _on_device(current.layer, self.device)
         hidden_cur = list(current.hidden.to(self.device).split(counts))
         total = max(sum(counts), 1)
@@ -636,31 +716,36 @@ class Learner:
                 )
             )
 
-        def measured_kl() -> float:  # mean per-state KL(π_θ ‖ π_cur)
-            return mean_state_kl(
-                lambda k: chunked_logprobs_and_kl(
-                    response_hidden_states(self.model, micro_batches[k])[where[k]],
-                    micro_batches[k].response_ids[where[k]],
-                    output_layer(self.model),
-                    spec.temperature,
-                    reference_hidden=hidden_cur[k],
-                    reference=cur,
-                    chunk_tokens=spec.logit_chunk_tokens,
-                )[1]
-            )
+        def policy_at(k: int) -> tuple[torch.Tensor, OutputLayer]:  # π_θ at batch k's states
+            hidden, layer = response_hidden_states(self.trunk, micro_batches[k])
+            return hidden[where[k]], layer
+
+        def state_kl(k: int) -> torch.Tensor:  # per-state KL(π_θ ‖ π_cur)
+            hidden, layer = policy_at(k)
+            return chunked_logprobs_and_kl(
+                hidden,
+                micro_batches[k].response_ids[where[k]],
+                layer,
+                spec.temperature,
+                reference_hidden=hidden_cur[k],
+                reference=cur,
+                chunk_tokens=spec.logit_chunk_tokens,
+            )[1]
 
         lam = projection_lambda(kl_at, target_fraction * delta0)
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(self.trunk.parameters(), lr=lr, weight_decay=0.0)
+        measured_kl = functools.partial(mean_state_kl, state_kl)  # mean KL(π_θ ‖ π_cur)
         kl_before = kl = measured_kl()
         steps = 0
         while kl > delta0 and steps < max_steps:
             optimizer.zero_grad(set_to_none=True)
-            for k, batch in enumerate(micro_batches):
+            for k in range(len(micro_batches)):
                 with self.autocast():
+                    hidden, layer = policy_at(k)
                     loss = (
                         chunked_distillation_kl(
-                            output_layer(self.model),
-                            response_hidden_states(self.model, batch)[where[k]],
+                            layer,
+                            hidden,
                             pre,
                             hidden_pre[k],
                             cur,
@@ -672,7 +757,7 @@ class Learner:
                         / total
                     )
                 loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.optimizer.grad_clip)
+            clip_grad_norm_(list(self.trunk.parameters()), spec.optimizer.grad_clip)
             optimizer.step()
             steps += 1
             kl = measured_kl()
@@ -680,23 +765,47 @@ class Learner:
 
     # --- weights and state ---------------------------------------------------------------------
 
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weight_buckets(self, bucket_mb: float) -> Iterator[dict[str, torch.Tensor]]:
         """The current weights as CPU tensors in the save dtype, named as in the HF model (what
-        rollout engines load)."""
-        return {
-            name: tensor.detach().to("cpu", self.save_dtype, copy=True)
-            for name, tensor in self.model.state_dict().items()
-        }
+        rollout engines load), in buckets of about `bucket_mb` MiB: one tensor gathered at a
+        time, never the whole model at once. A decoder layer's tensors share a bucket (an
+        engine that fuses them, vLLM, reprocesses a layer once it has all of it), so a bucket
+        can pass `bucket_mb` by at most a layer. Sharded, rank 0 yields them; the other ranks
+        take part in the gathers and yield nothing."""
+        self._reshard()
+        limit = bucket_mb * 2**20
+        bucket: dict[str, torch.Tensor] = {}
+        size, unit = 0, None
+        for name, tensor in full_state(self.model):
+            tensor = tensor.to("cpu", self.save_dtype, copy=True)
+            if self.group.rank != 0:
+                continue
+            if bucket and size + tensor.nbytes > limit and _layer_of(name) != unit:
+                yield bucket
+                bucket, size = {}, 0
+            bucket[name] = tensor
+            size += tensor.nbytes
+            unit = _layer_of(name)
+        if bucket:
+            yield bucket
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """All the weights in one dict (`weight_buckets` merged): for checks and saving."""
+        buckets = self.weight_buckets(float("inf"))
+        return {name: tensor for bucket in buckets for name, tensor in bucket.items()}
 
     def save_pretrained(self, directory: str) -> str:
         """An HF directory (weights in the save dtype + tokenizer) loadable by transformers and
-        vLLM."""
+        vLLM; sharded, consolidated from the shards and written by rank 0."""
+        weights = self.weights()
+        if self.group.rank != 0:
+            return directory
         Path(directory).mkdir(parents=True, exist_ok=True)
-        weights, seen = self.weights(), set()
+        seen = set()
         for name, tensor in self.model.state_dict().items():  # tied weights are saved once
-            if tensor.data_ptr() in seen:
+            if local_shard(tensor).data_ptr() in seen:
                 del weights[name]
-            seen.add(tensor.data_ptr())
+            seen.add(local_shard(tensor).data_ptr())
         self.model.save_pretrained(directory, state_dict=weights)
         config = copy.deepcopy(self.model.config)
         config.dtype = self.save_dtype  # save_pretrained wrote the master weights' float32
@@ -706,10 +815,16 @@ class Learner:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything resume needs: float32 master weights, optimiser, β_i, the value head and
-        torch's RNG. The weights are the live tensors (torch.save copies them to the file)."""
+        torch's RNG. The weights are the live tensors (torch.save copies them to the file);
+        sharded, this rank's shards (`torch.distributed.checkpoint` state)."""
+        self._reshard()
         return {
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": (
+                get_optimizer_state_dict(self.trunk, self.optimizer)
+                if self.group.sharded
+                else self.optimizer.state_dict()
+            ),
             "trust_region": self.region.state_dict(),
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,
             "rng": torch.get_rng_state(),
@@ -717,8 +832,12 @@ class Learner:
 
     @while_resident  # AdamW's state takes its parameters' dtype and device
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._reshard()
+        if self.group.sharded:  # the shards were loaded in place (`load_state`)
+            set_optimizer_state_dict(self.trunk, self.optimizer, state["optimizer"])
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.region.load_state_dict(state["trust_region"])
         if self.value_head is not None:
             self.value_head.load_state_dict(state["value_head"])
@@ -726,20 +845,37 @@ class Learner:
 
     def save_state(self, path: str) -> str:
         """Write `state_dict()` to `path` atomically (a checkpoint's learner file); nothing of it
-        is returned through the caller."""
-        write_atomically(path, lambda handle: torch.save(self.state_dict(), handle))
+        is returned through the caller. Sharded: every rank writes its shards into the
+        directory `path` (`torch.distributed.checkpoint`), made whole under another name and
+        renamed by rank 0 once all have written."""
+        if not self.group.sharded:
+            write_atomically(path, lambda handle: torch.save(self.state_dict(), handle))
+            return path
+        partial = self.group.gather(f"{path}.partial-{uuid.uuid4().hex}")[0]
+        dcp.save(self.state_dict(), checkpoint_id=partial)  # ends with a barrier
+        if self.group.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)  # a retried stage's
+            Path(partial).rename(path)
+        self.group.gather(None)  # the checkpoint is whole on return, on every rank
         return path
 
     def load_state(self, path: str) -> None:
         """Load what `save_state` wrote."""
-        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        if not self.group.sharded:
+            self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+            return
+        self._reshard()
+        state = self.state_dict()
+        dcp.load(state, checkpoint_id=path)  # into this rank's shards, in place
+        self.load_state_dict(state)
 
     def reset(self) -> None:
         """Back to what the constructor made of `spec`: its weights, a fresh optimiser and β,
-        the seed's RNG (a retry of stage 0). The old model is freed before the new one loads."""
+        the seed's RNG (a retry of stage 0). The old model is freed before the new one loads;
+        a rank stays in its group."""
         spec = self.spec
         self.__dict__.clear()
-        self.__init__(spec)
+        Learner.__init__(self, spec)
 
     def ready(self) -> bool:
         return True
@@ -750,4 +886,34 @@ def _on_device(layer: OutputLayer, device: torch.device) -> OutputLayer:
     return OutputLayer(layer.weight.to(device), bias)
 
 
+def _layer_of(name: str) -> str:
+    """The decoder layer a weight belongs to ("model.layers.3"), or the weight's own name."""
+    match = re.match(r"(.*\.layers\.\d+)\.", name)
+    return match.group(1) if match else name
+
+
+class LearnerRank(Learner):
+    """One of a sharded agent's W learner ranks (`LearnerRankActor`). It builds its learner only
+    once the ranks have formed their process group (`join_group`), so a rank Ray restarts
+    after a loss waits for the group to form again instead of blocking its constructor."""
+
+    def __init__(self, spec: LearnerSpec):
+        self.spec = spec
+
+    def rendezvous_address(self) -> str:
+        """Rank 0: a host:port for the group to meet at."""
+        return free_address()
+
+    def join_group(self, address: str) -> bool:
+        """(Re-)form the group at `address` with the other ranks, and build this rank's learner
+        (the model sharded afresh: after a loss the caller loads the stage's state)."""
+        spec = self.spec
+        self.__dict__.clear()
+        self.spec = spec
+        join_group(address, ShardGroup(spec.rank, spec.workers), torch.device(spec.device))
+        Learner.__init__(self, spec)
+        return True
+
+
 LearnerActor = ray.remote(Learner)
+LearnerRankActor = ray.remote(LearnerRank)

@@ -67,7 +67,7 @@ class RolloutWorker:
         }
         self.tokenizers = {name: load_tokenizer(path) for name, path in agent_paths.items()}
         self.asleep = False
-        self.pending_weights: dict[str, dict[str, torch.Tensor]] = {}  # pushed while asleep
+        self.pending_weights: dict[str, list[dict[str, torch.Tensor]]] = {}  # pushed while asleep
         self.tools = tools if use_tools else None
         self.scorer = scorer
         self.sandbox: SandboxClient | None = None
@@ -146,11 +146,12 @@ class RolloutWorker:
         return results
 
     def load_weights(self, agent_name: str, weights: dict[str, torch.Tensor]) -> None:
-        """Push the learner's `state_dict()` into `agent_name`'s engine in place (while asleep:
-        on `wake_up`, since a sleeping engine cannot take weights)."""
+        """Push learner weights (all of them or one bucket of a streamed sync) into
+        `agent_name`'s engine in place (while asleep: on `wake_up`, in the order they came,
+        since a sleeping engine cannot take weights)."""
         engine = self._engine(agent_name)  # an unknown agent fails now, not on waking
         if self.asleep:
-            self.pending_weights[agent_name] = weights
+            self.pending_weights.setdefault(agent_name, []).append(weights)
         else:
             engine.load_weights(weights)
 
@@ -169,8 +170,9 @@ class RolloutWorker:
             return {}
         woken = {name: engine.wake_up() for name, engine in self.engines.items()}
         self.asleep = False
-        for name, weights in self.pending_weights.items():
-            self.engines[name].load_weights(weights)
+        for name, buckets in self.pending_weights.items():
+            for weights in buckets:
+                self.engines[name].load_weights(weights)
         self.pending_weights = {}
         return woken
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+from torch.distributed.tensor import DTensor
 
 
 class StepDecision(enum.Enum):
@@ -112,9 +113,11 @@ class TrainingSnapshot:
     """Weights and optimiser state kept off the accelerator, in CPU buffers reused across steps
     (pinned where the source is on a GPU, so the copies run asynchronously on its stream).
 
-    `save` copies into the buffers (one per tensor, allocated on first use); `restore` copies
-    them back. Stream order makes the asynchronous device-to-host copies finish before the
-    optimiser step that follows overwrites the source; the host waits only in `restore`.
+    `save` copies the parameters and each parameter's optimiser state into the buffers (one per
+    tensor, allocated on first use); `restore` copies them back in place. A sharded parameter
+    (a DTensor, FSDP2) and its state are saved and restored as this rank's shard. Stream order
+    makes the asynchronous device-to-host copies finish before the optimiser step that follows
+    overwrites the source; the host waits only in `restore`.
     """
 
     def __init__(self) -> None:
@@ -124,26 +127,53 @@ class TrainingSnapshot:
 
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainingSnapshot:
         self.model = {
-            name: self._copy_out(f"model/{name}", tensor)
-            for name, tensor in model.state_dict().items()
+            name: self._copy_out(f"model/{name}", param) for name, param in model.named_parameters()
         }
-        self.optimizer = self._copy_tree("optimizer", optimizer.state_dict())
+        self.optimizer = {
+            "state": {
+                index: {
+                    key: self._copy_out(f"optimizer/{index}/{key}", value)
+                    if isinstance(value, torch.Tensor)
+                    else copy.deepcopy(value)
+                    for key, value in optimizer.state[param].items()
+                }
+                for index, param in enumerate(_parameters(optimizer))
+                if param in optimizer.state
+            },
+            "param_groups": [
+                {key: copy.deepcopy(value) for key, value in group.items() if key != "params"}
+                for group in optimizer.param_groups
+            ],
+        }
         return self
 
+    @torch.no_grad()
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         if any(buffer.is_pinned() for buffer in self._buffers.values()):
             torch.cuda.synchronize()  # the host reads the pinned buffers below
-        model.load_state_dict(self.model)  # copies into the parameters, on their device
-        # load_state_dict keeps tensors already on the parameters' device as they are: a deep
-        # copy keeps the optimiser's in-place updates out of the buffers
-        optimizer.load_state_dict(copy.deepcopy(self.optimizer))
+        for name, param in model.named_parameters():
+            local_shard(param).copy_(self.model[name], non_blocking=True)
+        saved_state = self.optimizer["state"]
+        for index, param in enumerate(_parameters(optimizer)):
+            if index not in saved_state:  # no step had been taken: AdamW starts afresh
+                optimizer.state.pop(param, None)
+                continue
+            state = optimizer.state[param]
+            for key, value in saved_state[index].items():
+                if isinstance(value, torch.Tensor):
+                    local_shard(state[key]).copy_(value, non_blocking=True)
+                else:
+                    state[key] = copy.deepcopy(value)
+        saved_groups = self.optimizer["param_groups"]
+        for group, saved in zip(optimizer.param_groups, saved_groups, strict=True):
+            group.update(copy.deepcopy(saved))
 
     @property
     def nbytes(self) -> int:
         return sum(buffer.nbytes for buffer in self._buffers.values())
 
     def _copy_out(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.detach()
+        tensor = local_shard(tensor.detach())
         buffer = self._buffers.get(key)
         if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
             buffer = torch.empty(
@@ -152,14 +182,14 @@ class TrainingSnapshot:
             self._buffers[key] = buffer
         return buffer.copy_(tensor, non_blocking=buffer.is_pinned())
 
-    def _copy_tree(self, key: str, value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return self._copy_out(key, value)
-        if isinstance(value, dict):
-            return {k: self._copy_tree(f"{key}/{k}", v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return type(value)(self._copy_tree(f"{key}/{i}", v) for i, v in enumerate(value))
-        return copy.deepcopy(value)
+
+def _parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [param for group in optimizer.param_groups for param in group["params"]]
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded (DTensor) tensor; a plain tensor as it is."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def snapshot_training_state(

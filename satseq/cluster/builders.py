@@ -96,7 +96,7 @@ def learner_spec(
 ) -> LearnerSpec:
     """Agent `agent_index`'s learner: its model (`team.agents[i].path`, or `model_path` after a
     swap), the recipe's loss and trust region (and value head lr in `gae` mode), and the
-    `trainer` section's settings (`offload` as the agent overrides it)."""
+    `trainer` section's settings (`offload` and `workers` as the agent overrides them)."""
     trainer = config.trainer
     agent = config.team.agents[agent_index]
     dtype = (
@@ -124,4 +124,10 @@ def learner_spec(
         seed=trainer.seed + agent_index,
         num_threads=num_threads,
         offload=agent.offload or trainer.offload,
+        workers=agent_workers(config, agent_index),
     )
+
+
+def agent_workers(config: RunConfig, agent_index: int) -> int:
+    """W, agent `agent_index`'s learner ranks."""
+    return config.team.agents[agent_index].workers or config.trainer.workers_per_agent

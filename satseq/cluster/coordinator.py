@@ -17,6 +17,7 @@ import numpy as np
 import ray
 import torch
 
+from satseq.actors.learner_group import learner_actors
 from satseq.cluster import builders
 from satseq.cluster.checkpoint import learner_state_path, load_latest_run_state, save_run_state
 from satseq.cluster.faults import (
@@ -74,6 +75,7 @@ class Coordinator:
                 )
                 result = self.recipe.run_stage(self.stage)
                 metrics = {"stage": self.stage, **swaps, **result.metrics}
+                metrics["time/weight_sync"] = self.runtime.take_weight_sync_seconds()
                 if self._validation_due():
                     self.runtime.set_progress("validation")
                     metrics |= self.validate()
@@ -92,7 +94,9 @@ class Coordinator:
         (an actor restarted once more) comes back here through `run_stage`, counted again."""
         rt = self.runtime
         roles = actor_roles(
-            learner=rt.learners, rollout=rt.rollouts, sandbox=[rt.sandbox] if rt.sandbox else []
+            learner=[actor for learner in rt.learners for actor in learner_actors(learner)],
+            rollout=rt.rollouts,
+            sandbox=[rt.sandbox] if rt.sandbox else [],
         )
         kind = fault_kind(error, roles)
         self.faults.record(kind, self.stage, error)

@@ -14,6 +14,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from satseq.cluster.builders import agent_workers
 from satseq.config import RunConfig
 from satseq.config.schema import EngineResources
 
@@ -23,22 +24,30 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TeamPlacement:
     group: PlacementGroup
-    n_learners: int
+    learner_bundles: list[list[int]]  # agent i's ranks' bundles
     learner_gpus: float
     rollout_gpus: float
+
+    @property
+    def n_learners(self) -> int:
+        """Learner bundles: one per rank of every agent."""
+        return sum(len(bundles) for bundles in self.learner_bundles)
 
     @property
     def learner_device(self) -> str:
         return "cuda" if self.learner_gpus > 0 else "cpu"
 
-    def learner_options(self, index: int) -> dict[str, Any]:
-        return self._options(index, self.learner_gpus)
+    def learner_options(self, index: int, rank: int = 0) -> dict[str, Any]:
+        """Ray options of agent `index`'s learner rank `rank`."""
+        return self._options(self.learner_bundles[index][rank], self.learner_gpus)
 
     def learner_threads(self, index: int) -> int:
-        """Torch threads for learner `index` (`learner_threads` over where the bundles are)."""
+        """Torch threads for agent `index`'s learner ranks (`learner_threads` over where the
+        bundles are)."""
         nodes = placement_group_table(self.group)["bundles_to_node_id"]
         cpus = [bundle.get("CPU", 0.0) for bundle in self.group.bundle_specs]
-        return learner_threads(cpus, [nodes[b] for b in range(len(cpus))], self.n_learners)[index]
+        threads = learner_threads(cpus, [nodes[b] for b in range(len(cpus))], self.n_learners)
+        return threads[self.learner_bundles[index][0]]
 
     def rollout_options(self, index: int) -> dict[str, Any]:
         return self._options(self.n_learners + index, self.rollout_gpus)
@@ -86,10 +95,16 @@ def _bundle(resources: EngineResources, cluster_has_gpu: bool, role: str) -> dic
 
 
 def place_team(config: RunConfig, timeout_s: float = 120.0) -> TeamPlacement:
-    """Reserve the team's resources, or fail with what is missing."""
+    """Reserve the team's resources, or fail with what is missing. A sharded agent's ranks get
+    a bundle each, next to each other: PACK puts them on one node where they fit."""
     cluster_has_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    workers = [agent_workers(config, i) for i in range(len(config.team.agents))]
     learners = [
-        _bundle(config.trainer.resources, cluster_has_gpu, "a learner") for _ in config.team.agents
+        _bundle(config.trainer.resources, cluster_has_gpu, "a learner") for _ in range(sum(workers))
+    ]
+    starts = [sum(workers[:i]) for i in range(len(workers))]
+    learner_bundles = [
+        list(range(start, start + w)) for start, w in zip(starts, workers, strict=True)
     ]
     rollouts = [
         _bundle(config.rollout.resources, cluster_has_gpu, "a rollout actor")
@@ -101,8 +116,9 @@ def place_team(config: RunConfig, timeout_s: float = 120.0) -> TeamPlacement:
         raise RuntimeError(
             f"could not reserve {learners + rollouts} (learners, then rollout actors) within "
             f"{timeout_s:.0f} s; the cluster has {ray.cluster_resources()}. Lower "
-            "trainer.resources / rollout.resources or rollout.num_actors."
+            "trainer.resources / rollout.resources, rollout.num_actors or "
+            f"trainer.workers_per_agent (learner ranks per agent: {workers})."
         )
     return TeamPlacement(
-        group, len(learners), learners[0].get("GPU", 0.0), rollouts[0].get("GPU", 0.0)
+        group, learner_bundles, learners[0].get("GPU", 0.0), rollouts[0].get("GPU", 0.0)
     )

@@ -16,6 +16,7 @@ wake up for generation; the runtime does both, so recipes never see it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from itertools import count
 from typing import Any
@@ -32,6 +33,7 @@ from satseq.actors.learner import (
     PolicyStates,
     UpdateResult,
 )
+from satseq.actors.learner_group import learner_actors, start_learner_group
 from satseq.actors.rollout import RolloutWorker, spread_requests
 from satseq.actors.tool_loop import tool_usage
 from satseq.actors.topology import chain_rollouts, owner_rollouts
@@ -43,7 +45,7 @@ from satseq.actors.trajectory import (
     Trajectory,
 )
 from satseq.algo import maj_at_k
-from satseq.cluster.builders import LearnerSettings, learner_spec
+from satseq.cluster.builders import LearnerSettings, agent_workers, learner_spec
 from satseq.cluster.faults import RESTARTED_ACTOR
 from satseq.cluster.placement import place_team
 from satseq.cluster.stage_batch import StageBatch
@@ -73,6 +75,7 @@ class TeamRuntime:
         start_learner: Callable[[int, str], Any] | None = None,
         stop_learner: Callable[[Any], None] | None = None,
         colocated: bool = False,
+        bucket_mb: float = 512.0,
     ):
         self.agents = agents
         self.agent_paths = agent_paths or []
@@ -90,6 +93,9 @@ class TeamRuntime:
         self.colocated = colocated
         """The rollout engines sleep during learner calls and wake up for generation."""
         self.engines_awake = True
+        self.bucket_mb = bucket_mb
+        """`rollout.weight_sync_bucket_mb`: the weight sync's bucket size."""
+        self.weight_sync_seconds = 0.0
         self._spread = spread_requests(rollouts, calls)
         self.progress: dict[str, Any] = {"phase": "starting", "agent": None}
 
@@ -200,8 +206,9 @@ class TeamRuntime:
         (`Learner.update` takes their log-probs from its first forward pass)."""
         n = len(self.agents)
         updates = [self._start_update(i, batch, rows[i], logp_cur, A, c) for i in range(n)]
-        loads = [load for i in range(n) for load in self._start_push(i)]
-        return self.calls.wait(updates + loads)[:n]
+        for i in range(n):  # each push streams as soon as its learner's update ends
+            self.push_weights(i)
+        return self.calls.wait(updates)
 
     def values(self, i: int, batch: StageBatch, rows: list[int]) -> torch.Tensor:
         """`gae` mode: V(s_t) of agent i's value head on `rows`, [len(rows), T_i]."""
@@ -218,17 +225,28 @@ class TeamRuntime:
         self.calls.wait([self._start_learner(i, "reset") for i in range(len(self.learners))])
 
     def push_weights(self, i: int) -> None:
-        """Agent i's rollout engines get its current weights (DESIGN §3 step 6, last line)."""
-        self.calls.wait(self._start_push(i))
+        """Agent i's rollout engines get its current weights (DESIGN §3 step 6, last line),
+        streamed in buckets of `rollout.weight_sync_bucket_mb` (`Learner.weight_buckets`):
+        the learner gathers the next bucket while the engines load this one; no whole-model
+        object exists, and on Ray no bucket passes through this process (object store)."""
+        self._set_engines_awake(False)
+        loading: list = []
+        started = None  # the first bucket: the learner's queued work (an update) is done
+        buckets = self.calls.stream(self.learners[i], "weight_buckets", self.bucket_mb)
+        for bucket in buckets:
+            started = started or time.perf_counter()
+            self.calls.wait(loading)
+            loading = [
+                self.calls.start(worker, "load_weights", self.agents[i], bucket)
+                for worker in self.rollouts
+            ]
+        self.calls.wait(loading)
+        self.weight_sync_seconds += time.perf_counter() - (started or time.perf_counter())
 
-    def _start_push(self, i: int) -> list:
-        """Begin agent i's push: its learner's `weights()` go to every rollout worker (through
-        the object store on Ray, never through this process)."""
-        weights = self._start_learner(i, "weights")
-        return [
-            self.calls.start(worker, "load_weights", self.agents[i], weights)
-            for worker in self.rollouts
-        ]
+    def take_weight_sync_seconds(self) -> float:
+        """Seconds spent streaming weights to the engines since the last call."""
+        seconds, self.weight_sync_seconds = self.weight_sync_seconds, 0.0
+        return seconds
 
     # --- swapping an agent ----------------------------------------------------------------------
 
@@ -316,20 +334,25 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
     generation = count()  # a swapped-in learner's actor gets a name of its own
 
     def start_learner(i: int, path: str | None = None):
-        suffix = "" if path is None else f"-{next(generation)}"
-        return LearnerActor.options(
-            name=f"satseq-learner-{agents[i]}{suffix}",
-            **placement.learner_options(i),
-            **RESTARTED_ACTOR,
-        ).remote(
-            learner_spec(
-                config,
-                i,
-                settings,
-                placement.learner_device,
-                placement.learner_threads(i),
-                model_path=path,
-            )
+        """Agent i's `LearnerActor`, or its `LearnerGroup` of W sharded ranks."""
+        name = f"satseq-learner-{agents[i]}" + ("" if path is None else f"-{next(generation)}")
+        spec = learner_spec(
+            config,
+            i,
+            settings,
+            placement.learner_device,
+            placement.learner_threads(i),
+            model_path=path,
+        )
+        if spec.workers == 1:
+            options = placement.learner_options(i) | RESTARTED_ACTOR
+            return LearnerActor.options(name=name, **options).remote(spec)
+        return start_learner_group(
+            spec,
+            [
+                {"name": f"{name}-rank{r}"} | placement.learner_options(i, r) | RESTARTED_ACTOR
+                for r in range(spec.workers)
+            ],
         )
 
     learners = [start_learner(i) for i in range(len(agents))]
@@ -350,7 +373,9 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
         RayCalls(),
         sandbox,
         start_learner=start_learner,
-        stop_learner=lambda learner: ray.kill(learner, no_restart=True),
+        stop_learner=lambda learner: [
+            ray.kill(actor, no_restart=True) for actor in learner_actors(learner)
+        ],
     )
 
 
@@ -359,6 +384,10 @@ def start_in_process(config: RunConfig, settings: LearnerSettings) -> TeamRuntim
     `RolloutWorker` (no tools). For tests of a recipe's wiring and for benchmarks."""
     if config.rollout.tools.enabled:
         raise ValueError("the in-process runtime runs no sandbox: set rollout.tools.enabled=false")
+    if any(agent_workers(config, i) > 1 for i in range(len(config.team.agents))):
+        raise ValueError(
+            "the in-process runtime runs one learner per agent: set trainer.workers_per_agent=1"
+        )
     agents, model_paths = _team(config)
 
     def start_learner(i: int, path: str | None = None) -> Learner:
@@ -404,5 +433,6 @@ def _runtime(
         sandbox=sandbox,
         agent_paths=[agent.path for agent in config.team.agents],
         colocated=config.trainer.offload == "idle_agents",
+        bucket_mb=config.rollout.weight_sync_bucket_mb,
         **learner_factory,
     )

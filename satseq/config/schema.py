@@ -41,6 +41,9 @@ class AgentConfig(Section):
         None, description="chain topology: this agent's role instruction"
     )
     offload: Offload | None = Field(None, description="this agent's trainer.offload; None: that")
+    workers: int | None = Field(
+        None, ge=1, description="this agent's trainer.workers_per_agent; None: that"
+    )
 
 
 class SwapConfig(Section):
@@ -190,6 +193,9 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(256, ge=1)
+    weight_sync_bucket_mb: float = Field(
+        512.0, gt=0.0, description="a learner's weights reach the engines in buckets of this size"
+    )
     gpu_memory_utilization: float = Field(
         0.5, gt=0.0, le=1.0, description="vLLM on a GPU: the share of its memory to take"
     )
@@ -305,6 +311,12 @@ class TrainerConfig(Section):
         1024, ge=1, description="response tokens per output-layer chunk: logits are [chunk, V]"
     )
     gradient_checkpointing: bool = False
+    workers_per_agent: int = Field(
+        1,
+        ge=1,
+        description="W learner ranks per agent, the model sharded over them with FSDP2 (NCCL "
+        "on GPUs, gloo on the CPU); each rank takes a trainer.resources bundle",
+    )
     offload: Offload = Field(
         "none",
         description="idle_agents: between its updates a learner keeps its master weights and "

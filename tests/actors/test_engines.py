@@ -13,7 +13,7 @@ from satseq.actors.engines.base import (
     check_generate_request,
     check_logprob_request,
 )
-from satseq.actors.forward import response_logprobs
+from satseq.actors.forward import PolicyTrunk, response_logprobs
 from satseq.actors.trajectory import Generation, SamplingSpec, Trajectory, pad_batch
 from satseq.models import load_policy
 
@@ -117,7 +117,7 @@ def test_synced_engine_scores_and_decodes_like_the_learner(kind, tying, engines,
         after = engine_logprobs(engine, sequences, starts, temperature)
 
         with torch.no_grad():
-            learner_logprobs = response_logprobs(learner, batch, temperature)
+            learner_logprobs = response_logprobs(PolicyTrunk(learner), batch, temperature)
         expected = learner_logprobs[batch.response_mask.bool()]
         assert (after - expected).abs().max() < 1e-3
         assert (after - before).abs().max() > 0.05  # a no-op sync fails here
@@ -262,3 +262,44 @@ def test_engine_kinds_and_requests_are_checked():
         check_logprob_request([[1, 2, 3]], [0], 1.0)
     with pytest.raises(ValueError, match="temperature"):
         check_logprob_request([[1, 2, 3]], [1], 0.0)
+
+
+@pytest.mark.parametrize("tying", ["tied", "untied"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_weights_streamed_in_buckets_give_the_engine_of_one_whole_push(
+    kind, tying, engines, model_paths
+):
+    """`Learner.weight_buckets` (what `push_weights` streams) loaded bucket by bucket: the
+    engine scores bit-identically to the same weights pushed whole, and like the learner."""
+    from satseq.actors.learner import Learner, LearnerSpec
+
+    engine = engines(kind, tying)
+    learner = Learner(LearnerSpec(model_path=model_paths[tying], agent_index=0))
+    tokenizer = learner.tokenizer
+    trajectories = [
+        trajectory(i, encode(tokenizer, prompt), encode(tokenizer, response))
+        for i, (prompt, response) in enumerate(TEXTS)
+    ]
+    sequences = [t.prompt_ids + t.response_ids for t in trajectories]
+    starts = [len(t.prompt_ids) for t in trajectories]
+    perturb_(learner.model, seed=7)
+    engine.load_weights(learner.weights())
+    whole = engine_logprobs(engine, sequences, starts, 1.0)
+
+    layer_mb = sum(
+        t.nbytes for name, t in learner.weights().items() if name.startswith("model.layers.0.")
+    ) / 2**20
+    buckets = list(learner.weight_buckets(layer_mb))
+    assert len(buckets) > 2
+    perturb_(learner.model, seed=8)
+    engine.load_weights(learner.weights())  # other weights in between
+    assert not torch.equal(engine_logprobs(engine, sequences, starts, 1.0), whole)
+    for bucket in buckets:
+        engine.load_weights(bucket)
+    assert torch.equal(engine_logprobs(engine, sequences, starts, 1.0), whole)
+
+    perturb_(learner.model, seed=8, scale=-0.05)  # back to seed 7's weights, up to rounding
+    batch = pad_batch(trajectories, tokenizer.pad_token_id)
+    with torch.no_grad():
+        expected = response_logprobs(PolicyTrunk(learner.model), batch, 1.0)
+    assert (whole - expected[batch.response_mask.bool()]).abs().max() < 1e-3

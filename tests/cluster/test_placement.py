@@ -1,6 +1,10 @@
-"""How many torch threads each learner gets from where the team's bundles were placed."""
+"""How many torch threads each learner gets from where the team's bundles were placed, and how
+many learner ranks each agent has."""
 
+from satseq.actors.learner import LossSpec, TrustRegionSpec
+from satseq.cluster.builders import LearnerSettings, agent_workers, learner_spec
 from satseq.cluster.placement import learner_threads
+from satseq.config import QUICKSTART, load_config
 
 
 def test_a_lone_learner_takes_the_rollout_actors_cpus_on_its_node():
@@ -21,3 +25,14 @@ def test_only_cpus_on_the_learners_own_node_count():
     assert learner_threads([4.0, 4.0, 8.0], ["gpu", "gpu", "cpu"], n_learners=2) == [4, 4]
     # one learner beside the rollout actor, one alone
     assert learner_threads([1.0, 1.0, 2.0], ["a", "b", "a"], n_learners=2) == [3, 1]
+
+
+def test_an_agent_takes_its_own_workers_or_the_trainers():
+    config = load_config(
+        QUICKSTART,
+        ["trainer.workers_per_agent=2", "team.agents.1.workers=4"],
+    )
+    assert [agent_workers(config, i) for i in range(3)] == [2, 4, 2]
+    settings = LearnerSettings(LossSpec(), TrustRegionSpec())
+    specs = [learner_spec(config, i, settings, "cpu", 1) for i in range(3)]
+    assert [spec.workers for spec in specs] == [2, 4, 2]

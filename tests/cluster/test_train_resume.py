@@ -13,7 +13,15 @@ from tests.cluster.runs import SPO_RUN, read_metrics, run_env, train_command, wi
 pytestmark = pytest.mark.slow
 
 
-EXTRA_ARGS = {"sat_seq": [], "sat_seq_gae": ["--set", "sat_seq.advantage=gae"], "spo": SPO_RUN}
+EXTRA_ARGS = {
+    "sat_seq": [],
+    "sat_seq_gae": ["--set", "sat_seq.advantage=gae"],
+    "spo": SPO_RUN,
+    # each agent sharded over two learner ranks (FSDP2 on gloo): 6 ranks + 1 rollout actor
+    "sat_seq_sharded": [
+        "--set", "trainer.workers_per_agent=2", "--set", "trainer.resources.num_cpus=0.25"
+    ],
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("algorithm", list(EXTRA_ARGS))
@@ -21,7 +29,8 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
     tmp_path, built_quickstart_model, algorithm
 ):
     """SPO's resume state adds the trackers (with their stored log-probs) and the sampler RNG;
-    `gae` mode's, the value heads and their optimisers."""
+    `gae` mode's, the value heads and their optimisers; sharded agents', their ranks' shards
+    (`torch.distributed.checkpoint`)."""
     stages = 3
     extra = EXTRA_ARGS[algorithm]
     straight = tmp_path / "straight"

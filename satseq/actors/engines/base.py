@@ -46,9 +46,10 @@ class Engine(Protocol):
         ...
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Replace the policy's weights in place with `weights`, named as in the learner's
-        `model.state_dict()` (Hugging Face names, fp32 CPU tensors). Later calls sample from
-        the new weights only."""
+        """Replace the named weights of the policy in place with `weights`, named as in the
+        learner's `model.state_dict()` (Hugging Face names, CPU tensors): all of them or one
+        bucket of a streamed sync (`Learner.weight_buckets`); the others stay. Later calls
+        sample from the new weights only."""
         ...
 
     def prompt_logprobs(

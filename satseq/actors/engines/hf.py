@@ -19,7 +19,7 @@ from satseq.actors.engines.base import (
     check_logprob_request,
     set_cpu_threads,
 )
-from satseq.actors.forward import response_logprobs
+from satseq.actors.forward import PolicyTrunk, response_logprobs
 from satseq.actors.trajectory import (
     Generation,
     SamplingSpec,
@@ -133,7 +133,9 @@ class HFEngine:
         )
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(weights, strict=True)
+        unexpected = self.model.load_state_dict(weights, strict=False).unexpected_keys
+        if unexpected:
+            raise ValueError(f"the model has no weights named {unexpected[:5]}")
 
     def prompt_logprobs(
         self, sequences: list[list[int]], start: list[int], temperature: float = 1.0
@@ -152,7 +154,9 @@ class HFEngine:
         ]
         batch = pad_batch(trajectories, self.pad_token_id)
         with torch.inference_mode():
-            logprobs = response_logprobs(self.model, batch.to(self.device), temperature)
+            logprobs = response_logprobs(
+                PolicyTrunk(self.model), batch.to(self.device), temperature
+            )
         return [logprobs[i, : len(t.response_ids)].tolist() for i, t in enumerate(trajectories)]
 
     def sleep(self) -> str:
