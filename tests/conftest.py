@@ -1,9 +1,16 @@
 """Fixtures shared across test packages."""
 
+import subprocess
+import sys
+
 import pytest
 import ray
 
-from satseq.models import build_tiny_model
+from satseq.models import BUILTIN_MODELS, build_tiny_model
+
+BUILD_BUILTINS = "import sys\nfrom satseq.models import resolve_builtin\n" + (
+    "for name in sys.argv[1:]:\n    resolve_builtin(name)\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -18,3 +25,17 @@ def ray_cluster():
 def raw_tiny_model(tmp_path_factory):
     """A tiny Qwen2 model with one warm-start step: builds in seconds, behaves like any policy."""
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", warm_start_steps=1))
+
+
+@pytest.fixture(scope="session")
+def builtin_models():
+    """Every `builtin:tiny*` model built (or found) in the model cache ($SATSEQ_CACHE, else
+    ~/.cache/satseq) before any test times anything. A build trains on one thread, so two
+    processes build them two at a time; a model already in the cache is found at once."""
+    names = sorted(BUILTIN_MODELS)
+    builders = [
+        subprocess.Popen([sys.executable, "-c", BUILD_BUILTINS, *names[half::2]])
+        for half in range(2)
+    ]
+    for builder in builders:
+        assert builder.wait(timeout=1800) == 0, "building the builtin models failed"

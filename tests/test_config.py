@@ -106,6 +106,26 @@ def test_bad_values_name_the_key_path(tmp_path, override, named):
     assert "run.yaml" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["rollout.weight_sync=collective"], "needs rollout.engine: vllm"),
+        (
+            [
+                "rollout.weight_sync=collective",
+                "rollout.engine=vllm",
+                "trainer.offload=idle_agents",
+            ],
+            "engines that stay awake",
+        ),
+        (["rollout.weight_sync=nccl"], "rollout.weight_sync"),
+    ],
+)
+def test_a_collective_weight_sync_names_what_it_needs(tmp_path, overrides, named):
+    with pytest.raises(ConfigError, match=named):
+        load_config(write(tmp_path, MINIMAL), overrides)
+
+
 def test_an_agent_overrides_the_trainers_offload(tmp_path):
     team = MINIMAL + "    - {name: b, path: /models/b, offload: none}\n"
     config = load_config(write(tmp_path, team), ["trainer.offload=idle_agents"])

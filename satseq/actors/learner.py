@@ -56,6 +56,7 @@ from satseq.actors.sharding import (
 )
 from satseq.actors.trajectory import PaddedBatch, Trajectory, pad_batch
 from satseq.actors.value_head import ValueHead
+from satseq.actors.weight_transfer import TensorSpec, TransferEndpoint, WeightSender
 from satseq.algo.kl import kl_k3, kl_quantile, sequence_kl
 from satseq.algo.lm_head import DEFAULT_CHUNK_TOKENS, OutputLayer, chunked_logprobs_and_kl
 from satseq.algo.losses import Aggregation, RatioMode, kl_penalty, policy_loss
@@ -94,10 +95,17 @@ class LossSpec:
 @dataclass(frozen=True)
 class TrustRegionSpec:
     """The quantile-KL trust region and its β_i (DESIGN §4). enabled=False: plain PPO steps,
-    no KL penalty, no backtracking (SPO, GRPO); q is still measured and logged. kl_estimator:
-    the KL of the penalty and of q, exact over the vocabulary or k3 on the sampled tokens."""
+    no KL penalty, no backtracking (SPO, GRPO); q is still measured and logged unless
+    measure=False, which saves the forward pass after each step (and leaves no logp_hat).
+    kl_estimator: the KL of the penalty and of q, exact over the vocabulary or k3 on the sampled
+    tokens."""
+
+    def __post_init__(self) -> None:
+        if self.enabled and not self.measure:
+            raise ValueError("the trust region decides on q: it cannot skip measuring it")
 
     enabled: bool = True
+    measure: bool = True  # q and the new log-probs after each step (the trust region needs both)
     kl_estimator: Literal["exact", "k3"] = "exact"
     kl_coef: float = 0.01  # the initial β_i
     target_kl: float = 0.05
@@ -147,11 +155,12 @@ class LearnerSpec:
 @dataclass(frozen=True)
 class UpdateResult:
     """What one agent's update did. logp_hat [N, T]: log-probs of the batch under the weights
-    the agent holds afterwards (the stage-start ones where every step was rejected).
+    the agent holds afterwards (the stage-start ones where every step was rejected); None, and
+    kl_quantile NaN, where the steps were not measured (`TrustRegionSpec.measure`).
     peak_memory_gib: the process's peak allocated device memory during the update, on CUDA;
     None elsewhere (`satseq.actors.residency.peak_memory_gib`)."""
 
-    logp_hat: torch.Tensor
+    logp_hat: torch.Tensor | None
     steps: list[StepOutcome]
     loss: float
     clip_fraction: float
@@ -203,7 +212,7 @@ class Attempt:
     loss: float
     clip_fraction: float
     kl_quantile: float
-    logp_new: torch.Tensor  # [N, T] under the weights after the step
+    logp_new: torch.Tensor | None  # [N, T] under the weights after the step, where measured
 
 
 @dataclass(frozen=True)
@@ -306,6 +315,7 @@ class Learner:
             spec.offload == "idle_agents" and not self.group.sharded,
         )
         self.residency.offload()
+        self.sender: WeightSender | None = None  # `open_weight_transfer`'s
 
     # --- forward passes ------------------------------------------------------------------------
 
@@ -430,8 +440,10 @@ class Learner:
             attempts += step_attempts
             if outcome.applied:
                 logp_hat = step_attempts[-1].logp_new
+        if logp_hat is None and spec.trust_region.measure:  # every step rejected
+            logp_hat = logp_cur.clone()
         return UpdateResult(
-            logp_hat=logp_cur.clone() if logp_hat is None else logp_hat,
+            logp_hat=logp_hat,
             steps=steps,
             loss=attempts[-1].loss if attempts else 0.0,
             clip_fraction=attempts[-1].clip_fraction if attempts else 0.0,
@@ -573,7 +585,11 @@ class Learner:
             logp_cur[rows, : values.shape[1]] = values  # sharded: the other ranks' rows too
         clip_grad_norm_(list(self.trunk.parameters()), spec.optimizer.grad_clip)
         self.optimizer.step()
-        q, logp_new = self._kl_quantile_and_logprobs(micro_batches, logp_cur, reference)
+        q, logp_new = (
+            self._kl_quantile_and_logprobs(micro_batches, logp_cur, reference)
+            if spec.trust_region.measure
+            else (float("nan"), None)
+        )
         return Attempt(self.group.sum(float(loss_sum)), self.group.sum(clip_sum), q, logp_new)
 
     def _logprobs_and_kl(
@@ -772,12 +788,10 @@ class Learner:
         engine that fuses them, vLLM, reprocesses a layer once it has all of it), so a bucket
         can pass `bucket_mb` by at most a layer. Sharded, rank 0 yields them; the other ranks
         take part in the gathers and yield nothing."""
-        self._reshard()
         limit = bucket_mb * 2**20
         bucket: dict[str, torch.Tensor] = {}
         size, unit = 0, None
-        for name, tensor in full_state(self.model):
-            tensor = tensor.to("cpu", self.save_dtype, copy=True)
+        for name, tensor in self._weights_to_send(torch.device("cpu")):
             if self.group.rank != 0:
                 continue
             if bucket and size + tensor.nbytes > limit and _layer_of(name) != unit:
@@ -788,6 +802,57 @@ class Learner:
             unit = _layer_of(name)
         if bucket:
             yield bucket
+
+    def _weights_to_send(self, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, weight in the save dtype on `device`), one gathered at a time (sharded:
+        every rank takes part in each gather)."""
+        self._reshard()
+        for name, tensor in full_state(self.model):
+            yield name, tensor.to(device, self.save_dtype, copy=True)
+
+    def weight_manifest(self) -> list[TensorSpec]:
+        """What `send_weights` sends, in order (the engines allocate from it)."""
+        dtype = str(self.save_dtype).removeprefix("torch.")
+        return [
+            TensorSpec(name, dtype, tuple(tensor.shape))  # a shard's shape is the whole one
+            for name, tensor in self.model.state_dict().items()
+        ]
+
+    def transfer_address(self) -> str:
+        """host:port where rank 0 can host a weight-transfer group."""
+        return free_address()
+
+    def open_weight_transfer(self, endpoint: TransferEndpoint) -> None:
+        """Rank 0 forms the weight-transfer group with the engines at `endpoint` (leaving an
+        earlier one); the other ranks only take part in `send_weights`' gathers."""
+        if self.group.rank != 0:
+            return
+        self.close_weight_transfer()
+        self.sender = WeightSender(endpoint)
+
+    def send_weights(self, manifest: list[TensorSpec]) -> float:
+        """Broadcast the current weights to the engines of the transfer group (they receive
+        with `VLLMEngine.receive_weights`); the seconds it took."""
+        started = time.perf_counter()
+        if self.group.rank > 0:  # its part of each gather, nothing to send
+            for _ in self._weights_to_send(self.device):
+                pass
+        elif self.sender is None:
+            raise RuntimeError("no weight-transfer group: call open_weight_transfer first")
+        else:
+            on_device = self.sender.endpoint.backend == "nccl"
+            sent = self._weights_to_send(self.device if on_device else torch.device("cpu"))
+            try:
+                self.sender.send(manifest, sent)
+            except Exception:
+                self.close_weight_transfer()  # its closed sockets release the waiting engines
+                raise
+        return time.perf_counter() - started
+
+    def close_weight_transfer(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+        self.sender = None
 
     def weights(self) -> dict[str, torch.Tensor]:
         """All the weights in one dict (`weight_buckets` merged): for checks and saving."""

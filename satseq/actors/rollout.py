@@ -155,6 +155,26 @@ class RolloutWorker:
         else:
             engine.load_weights(weights)
 
+    def init_weight_transfer(self, agent_name: str, init_info: dict[str, Any]) -> None:
+        """`agent_name`'s engine joins its learner's weight-transfer group (a collective weight
+        sync, `satseq.actors.weight_transfer`)."""
+        self._transfer_engine(agent_name).init_weight_transfer(init_info)
+
+    def receive_weights(self, agent_name: str, update_info: dict[str, Any]) -> None:
+        """`agent_name`'s engine takes the weights its learner broadcasts now."""
+        self._transfer_engine(agent_name).receive_weights(update_info)
+
+    def _transfer_engine(self, agent_name: str) -> Any:
+        engine = self._engine(agent_name)
+        if not hasattr(engine, "receive_weights"):
+            raise ValueError(
+                f"the {self.engine_kind} engine takes weights through the object store only; "
+                "a collective weight sync (rollout.weight_sync: collective) needs vllm"
+            )
+        if self.asleep:
+            raise RuntimeError("an engine takes a collective weight sync only while awake")
+        return engine
+
     def sleep(self) -> dict[str, str]:
         """Every engine frees its accelerator memory until `wake_up` (`Engine.sleep`). Returns
         what ran, per agent ({} when already asleep)."""

@@ -26,7 +26,8 @@ class LearnerSettings:
 
 
 PLAIN_STEPS = TrustRegionSpec(enabled=False, kl_estimator="k3")
-"""SPO and GRPO: every step is taken, no KL penalty; q is still measured (k3) and logged."""
+"""SPO and GRPO: every step is taken, no KL penalty; q is still measured (k3) and logged (GRPO
+turns the measuring off unless `grpo.measure_step_kl`)."""
 
 
 def training_problems(config: RunConfig) -> list[MathProblem]:

@@ -103,6 +103,7 @@ class Coordinator:
         started = time.perf_counter()
         rt.set_progress(f"recovering ({kind} died)")
         wait_until_alive(self._pings())
+        rt.forget_weight_transfers()  # a restarted actor is in no group
         self._reset_to_stage_start()
         self.faults.recovery_seconds += time.perf_counter() - started
 

@@ -14,6 +14,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from satseq.actors.weight_transfer import TransferBackend
 from satseq.cluster.builders import agent_workers
 from satseq.config import RunConfig
 from satseq.config.schema import EngineResources
@@ -36,6 +37,28 @@ class TeamPlacement:
     @property
     def learner_device(self) -> str:
         return "cuda" if self.learner_gpus > 0 else "cpu"
+
+    def weight_transfer(self, config: RunConfig) -> TransferBackend | None:
+        """How learners reach the engines (`rollout.weight_sync`): a collective's backend, or
+        None for the object store. NCCL needs learners and engines on GPUs of their own (one
+        GPU cannot be two ranks of a group); gloo runs where both are on the CPU."""
+        mode = config.rollout.weight_sync
+        own_gpus = self.learner_gpus >= 1 and self.rollout_gpus >= 1
+        on_cpu = self.learner_gpus == 0 and self.rollout_gpus == 0
+        if mode == "object_store" or (mode == "auto" and not own_gpus):
+            return None
+        if mode == "auto":  # whole GPUs: NCCL where vLLM takes it and the engines stay awake
+            offloads = [config.trainer.offload] + [a.offload for a in config.team.agents]
+            colocated = "idle_agents" in offloads
+            return "nccl" if config.rollout.engine == "vllm" and not colocated else None
+        if not (own_gpus or on_cpu):
+            raise ValueError(
+                "rollout.weight_sync: collective needs learners and rollout actors on GPUs of "
+                f"their own or both on the CPU; they hold {self.learner_gpus} and "
+                f"{self.rollout_gpus} GPUs (trainer.resources / rollout.resources.num_gpus): "
+                "use 1 each, or rollout.weight_sync: object_store"
+            )
+        return "nccl" if own_gpus else "gloo"
 
     def learner_options(self, index: int, rank: int = 0) -> dict[str, Any]:
         """Ray options of agent `index`'s learner rank `rank`."""

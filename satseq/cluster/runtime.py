@@ -16,6 +16,7 @@ wake up for generation; the runtime does both, so recipes never see it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from itertools import count
@@ -44,9 +45,15 @@ from satseq.actors.trajectory import (
     SamplingSpec,
     Trajectory,
 )
+from satseq.actors.weight_transfer import (
+    TensorSpec,
+    TransferBackend,
+    TransferEndpoint,
+    update_info,
+)
 from satseq.algo import maj_at_k
 from satseq.cluster.builders import LearnerSettings, agent_workers, learner_spec
-from satseq.cluster.faults import RESTARTED_ACTOR
+from satseq.cluster.faults import ACTOR_LOSS, RESTARTED_ACTOR
 from satseq.cluster.placement import place_team
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
@@ -55,6 +62,8 @@ from satseq.launch.actors import start_rollout_actors, start_sandbox_pool
 from satseq.launch.builders import engine_options, prompt_format, reward_scorer
 from satseq.models import load_tokenizer, resolve_model_path
 from satseq.rewards import RewardScorer
+
+log = logging.getLogger(__name__)
 
 
 class TeamRuntime:
@@ -76,6 +85,7 @@ class TeamRuntime:
         stop_learner: Callable[[Any], None] | None = None,
         colocated: bool = False,
         bucket_mb: float = 512.0,
+        weight_transfer: TransferBackend | None = None,
     ):
         self.agents = agents
         self.agent_paths = agent_paths or []
@@ -95,6 +105,10 @@ class TeamRuntime:
         self.engines_awake = True
         self.bucket_mb = bucket_mb
         """`rollout.weight_sync_bucket_mb`: the weight sync's bucket size."""
+        self.weight_transfer = weight_transfer
+        """The collective's backend of a collective weight sync; None: the object store."""
+        self.transfer_manifests: dict[int, list[TensorSpec]] = {}
+        """Agent i's weight manifest, once its learner and the engines formed their group."""
         self.weight_sync_seconds = 0.0
         self._spread = spread_requests(rollouts, calls)
         self.progress: dict[str, Any] = {"phase": "starting", "agent": None}
@@ -207,6 +221,8 @@ class TeamRuntime:
         n = len(self.agents)
         updates = [self._start_update(i, batch, rows[i], logp_cur, A, c) for i in range(n)]
         for i in range(n):  # each push streams as soon as its learner's update ends
+            if self.weight_transfer is not None:  # engines wait inside a broadcast once asked
+                self.calls.wait([updates[i]])
             self.push_weights(i)
         return self.calls.wait(updates)
 
@@ -225,10 +241,66 @@ class TeamRuntime:
         self.calls.wait([self._start_learner(i, "reset") for i in range(len(self.learners))])
 
     def push_weights(self, i: int) -> None:
-        """Agent i's rollout engines get its current weights (DESIGN §3 step 6, last line),
-        streamed in buckets of `rollout.weight_sync_bucket_mb` (`Learner.weight_buckets`):
-        the learner gathers the next bucket while the engines load this one; no whole-model
-        object exists, and on Ray no bucket passes through this process (object store)."""
+        """Agent i's rollout engines get its current weights (DESIGN §3 step 6, last line), in
+        buckets of `rollout.weight_sync_bucket_mb`: broadcast by the learner over a collective
+        (`satseq.actors.weight_transfer`), or through the object store."""
+        if self.weight_transfer is not None:
+            self._broadcast_weights(i)
+        else:
+            self._stream_weights(i)
+
+    def _broadcast_weights(self, i: int) -> None:
+        """The learner's rank 0 broadcasts, each engine receives: all in one round of calls.
+        A failed round leaves no group trusted (the next push forms them again), and when an
+        actor died it is that loss that is raised (the others' errors are its echo)."""
+        manifest = self.transfer_manifests.get(i) or self._open_weight_transfer(i)
+        info = update_info(manifest)
+        pending = [
+            self.calls.start(worker, "receive_weights", self.agents[i], info)
+            for worker in self.rollouts
+        ]
+        pending.append(self.calls.start(self.learners[i], "send_weights", manifest))
+        results, errors = [], []
+        for call in pending:
+            try:
+                results += self.calls.wait([call])
+            except Exception as error:
+                errors.append(error)
+        if errors:
+            self.transfer_manifests.clear()
+            raise next((e for e in errors if isinstance(e, ACTOR_LOSS)), errors[0])
+        self.weight_sync_seconds += results[-1]
+
+    def _open_weight_transfer(self, i: int) -> list[TensorSpec]:
+        """Agent i's learner (rank 0 at rank 0) and each rollout actor's engine for agent i (at
+        ranks 1, 2, ...) form a group; returns the manifest of what the learner sends."""
+        host, port = self._call_learner(i, "transfer_address").rsplit(":", 1)
+        endpoint = TransferEndpoint(
+            host,
+            int(port),
+            1 + len(self.rollouts),
+            self.weight_transfer,
+            int(self.bucket_mb * 2**20),
+        )
+        joins = [
+            self.calls.start(
+                worker, "init_weight_transfer", self.agents[i], endpoint.worker_init_info(1 + j)
+            )
+            for j, worker in enumerate(self.rollouts)
+        ]
+        joins.append(self.calls.start(self.learners[i], "open_weight_transfer", endpoint))
+        self.calls.wait(joins)
+        self.transfer_manifests[i] = self._call_learner(i, "weight_manifest")
+        return self.transfer_manifests[i]
+
+    def forget_weight_transfers(self) -> None:
+        """After an actor loss: the next push forms every weight-transfer group again."""
+        self.transfer_manifests.clear()
+
+    def _stream_weights(self, i: int) -> None:
+        """Buckets (`Learner.weight_buckets`) through the object store: the learner gathers the
+        next bucket while the engines load this one; no whole-model object exists, and on Ray
+        no bucket passes through this process."""
         self._set_engines_awake(False)
         loading: list = []
         started = None  # the first bucket: the learner's queued work (an update) is done
@@ -270,6 +342,7 @@ class TeamRuntime:
         )
         self.tokenizers[i] = load_tokenizer(resolved)
         self.agent_paths[i] = path
+        self.transfer_manifests.pop(i, None)  # a new learner and new engines
 
     def distill(
         self,
@@ -326,6 +399,11 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
     that dies (`satseq.cluster.faults`)."""
     agents, model_paths = _team(config)
     placement = place_team(config)
+    weight_transfer = placement.weight_transfer(config)
+    log.info(
+        "weight sync: %s",
+        f"collective ({weight_transfer})" if weight_transfer else "object store",
+    )
     sandbox = (
         start_sandbox_pool(config.sandbox, "satseq-sandbox-pool")
         if config.rollout.tools.enabled
@@ -362,6 +440,7 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
         config.trainer.seed,
         lambda j: {"name": f"satseq-rollout-{j}"} | placement.rollout_options(j) | RESTARTED_ACTOR,
         sandbox=sandbox,
+        weight_transfer=weight_transfer,
     )
     RayCalls().wait([learner.ready.remote() for learner in learners])
     return _runtime(
@@ -372,6 +451,7 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
         rollouts,
         RayCalls(),
         sandbox,
+        weight_transfer=weight_transfer,
         start_learner=start_learner,
         stop_learner=lambda learner: [
             ray.kill(actor, no_restart=True) for actor in learner_actors(learner)
@@ -420,7 +500,15 @@ def _team(config: RunConfig) -> tuple[list[str], list[str]]:
 
 
 def _runtime(
-    config, agents, model_paths, learners, rollouts, calls, sandbox=None, **learner_factory
+    config,
+    agents,
+    model_paths,
+    learners,
+    rollouts,
+    calls,
+    sandbox=None,
+    weight_transfer=None,
+    **learner_factory,
 ) -> TeamRuntime:
     return TeamRuntime(
         agents,
@@ -434,5 +522,6 @@ def _runtime(
         agent_paths=[agent.path for agent in config.team.agents],
         colocated=config.trainer.offload == "idle_agents",
         bucket_mb=config.rollout.weight_sync_bucket_mb,
+        weight_transfer=weight_transfer,
         **learner_factory,
     )

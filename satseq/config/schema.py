@@ -174,6 +174,11 @@ class GrpoConfig(Section):
     eps_low: float = Field(0.2, gt=0.0, lt=1.0)
     eps_high: float = Field(0.2, gt=0.0)
     dr_grpo: bool = Field(False, description="Dr.GRPO: no division by the group std")
+    measure_step_kl: bool = Field(
+        False,
+        description="log kl_quantile/<agent>, the KL quantile between the policy before and "
+        "after each step: one more forward pass over the batch per step",
+    )
 
 
 class EngineResources(Section):
@@ -195,6 +200,12 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(256, ge=1)
     weight_sync_bucket_mb: float = Field(
         512.0, gt=0.0, description="a learner's weights reach the engines in buckets of this size"
+    )
+    weight_sync: Literal["auto", "object_store", "collective"] = Field(
+        "auto",
+        description="collective: learner rank 0 broadcasts to the vllm engines (NCCL on GPUs, "
+        "gloo on the CPU); object_store: buckets through Ray's object store; auto: collective "
+        "where learners and engines hold GPUs of their own, else object_store",
     )
     gpu_memory_utilization: float = Field(
         0.5, gt=0.0, le=1.0, description="vLLM on a GPU: the share of its memory to take"
@@ -425,6 +436,25 @@ class RunConfig(Section):
             self.sat_seq = self.sat_seq.model_copy(update={"agents": None})
         if not self.team.agents:
             raise ValueError("team.agents is empty: list at least one {name, path}")
+        return self
+
+    @model_validator(mode="after")
+    def _collective_sync_needs_vllm_awake(self) -> RunConfig:
+        """A collective weight sync goes into vLLM's weight-transfer API, and into engines that
+        are awake: not the hf engine, nor engines that sleep while learners work."""
+        if self.rollout.weight_sync != "collective":
+            return self
+        if self.rollout.engine != "vllm":
+            raise ValueError(
+                "rollout.weight_sync: collective needs rollout.engine: vllm (the hf engine "
+                "takes weights through the object store: rollout.weight_sync: object_store)"
+            )
+        offloads = [self.trainer.offload] + [a.offload for a in self.team.agents if a.offload]
+        if "idle_agents" in offloads:
+            raise ValueError(
+                "rollout.weight_sync: collective needs engines that stay awake; with "
+                "trainer.offload (or team.agents[i].offload): idle_agents use object_store"
+            )
         return self
 
     @model_validator(mode="after")

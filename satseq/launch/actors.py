@@ -9,6 +9,7 @@ from functools import partial
 import ray
 
 from satseq.actors.rollout import RolloutActor
+from satseq.actors.weight_transfer import TransferBackend
 from satseq.config import RunConfig
 from satseq.config.schema import SandboxConfig
 from satseq.launch.builders import engine_options, reward_scorer, sandbox_backend
@@ -34,19 +35,24 @@ def start_rollout_actors(
     seed: int,
     options: Callable[[int], dict],
     sandbox=None,
+    weight_transfer: TransferBackend | None = None,
 ) -> list:
     """`rollout.num_actors` rollout actors, each with an engine per agent, started and ready.
 
     Actor j gets the Ray options `options(j)` and the seed `seed + 1000 j` (actors never share
     a random stream); with a sandbox pool it runs the tool loop of `rollout.tools`. Each scores
     the samples of requests that carry a reference answer with the config's reward (DESIGN §3:
-    rewards are computed in the rollout workers).
+    rewards are computed in the rollout workers). With `weight_transfer`, the engines can take
+    a collective weight sync on that backend (`satseq.actors.weight_transfer`).
     """
+    options_of_engines = engine_options(config)
+    if weight_transfer is not None:
+        options_of_engines["weight_transfer"] = weight_transfer
     actors = [
         RolloutActor.options(**options(j)).remote(
             agent_paths,
             config.rollout.engine,
-            engine_options(config),
+            options_of_engines,
             seed + 1000 * j,
             tools=config.rollout.tools if sandbox is not None else None,
             sandbox=sandbox,

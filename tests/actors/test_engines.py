@@ -286,9 +286,10 @@ def test_weights_streamed_in_buckets_give_the_engine_of_one_whole_push(
     engine.load_weights(learner.weights())
     whole = engine_logprobs(engine, sequences, starts, 1.0)
 
-    layer_mb = sum(
-        t.nbytes for name, t in learner.weights().items() if name.startswith("model.layers.0.")
-    ) / 2**20
+    layer_mb = (
+        sum(t.nbytes for name, t in learner.weights().items() if name.startswith("model.layers.0."))
+        / 2**20
+    )
     buckets = list(learner.weight_buckets(layer_mb))
     assert len(buckets) > 2
     perturb_(learner.model, seed=8)

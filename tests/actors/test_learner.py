@@ -1,6 +1,8 @@
 """The learner in-process: teacher-forced log-probs, the update's direction, the trust region's
 restore, micro-batch accumulation and state round trips."""
 
+import math
+
 import pytest
 import torch
 
@@ -156,6 +158,28 @@ def test_on_policy_update_takes_behaviour_logprobs_from_its_first_forward_pass(
     torch.testing.assert_close(first_forward.logp_hat, separate.logp_hat)
     for name, tensor in weights[0].items():
         torch.testing.assert_close(weights[1][name], tensor, rtol=1e-6, atol=1e-7)
+
+
+def test_unmeasured_plain_steps_take_the_measured_steps_without_the_pass_after_them(
+    raw_tiny_model,
+):
+    """GRPO without `grpo.measure_step_kl`: the same steps and weights, no q, no logp_hat."""
+    A = torch.tensor([1.0, -0.5, 0.3, -1.0])
+    results, weights = [], []
+    for measure in (True, False):
+        plain = TrustRegionSpec(enabled=False, kl_estimator="k3", measure=measure)
+        loss = LossSpec(ratio="token", aggregation="token_mean")
+        learner = make_learner(raw_tiny_model, lr=1e-3, trust_region=plain, loss=loss)
+        results.append(learner.update(trajectories(learner.tokenizer), None, A, torch.ones(4)))
+        weights.append(learner.weights())
+    measured, unmeasured = results
+    assert measured.kl_quantile > 0 and measured.logp_hat is not None
+    assert math.isnan(unmeasured.kl_quantile) and unmeasured.logp_hat is None
+    assert unmeasured.loss == measured.loss and unmeasured.accepted_steps == 1
+    for name, tensor in weights[0].items():
+        assert torch.equal(weights[1][name], tensor), name
+    with pytest.raises(ValueError, match="cannot skip measuring"):
+        TrustRegionSpec(enabled=True, measure=False)
 
 
 def test_only_the_agents_own_tokens_are_trained(raw_tiny_model):

@@ -35,7 +35,7 @@ TOOL_TRACE = re.compile(
 
 
 @pytest.fixture(scope="module")
-def tool_model():
+def tool_model(builtin_models):
     return str(resolve_model_path("builtin:tiny-tool"))
 
 

@@ -1,9 +1,11 @@
-"""How many torch threads each learner gets from where the team's bundles were placed, and how
-many learner ranks each agent has."""
+"""How many torch threads each learner gets from where the team's bundles were placed, how
+many learner ranks each agent has, and which path weights take to the engines."""
+
+import pytest
 
 from satseq.actors.learner import LossSpec, TrustRegionSpec
 from satseq.cluster.builders import LearnerSettings, agent_workers, learner_spec
-from satseq.cluster.placement import learner_threads
+from satseq.cluster.placement import TeamPlacement, learner_threads
 from satseq.config import QUICKSTART, load_config
 
 
@@ -36,3 +38,32 @@ def test_an_agent_takes_its_own_workers_or_the_trainers():
     settings = LearnerSettings(LossSpec(), TrustRegionSpec())
     specs = [learner_spec(config, i, settings, "cpu", 1) for i in range(3)]
     assert [spec.workers for spec in specs] == [2, 4, 2]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "learner_gpus", "rollout_gpus", "path"),
+    [
+        ([], 1.0, 1.0, None),  # the hf engine: object store
+        (["rollout.engine=vllm"], 1.0, 1.0, "nccl"),  # auto: GPUs of their own
+        (["rollout.engine=vllm"], 0.5, 0.5, None),  # one GPU shared: not a NCCL group
+        (["rollout.engine=vllm"], 0.0, 0.0, None),  # auto stays off the CPU
+        (["rollout.engine=vllm", "trainer.offload=idle_agents"], 1.0, 1.0, None),  # sleeping
+        (["rollout.engine=vllm", "rollout.weight_sync=object_store"], 1.0, 1.0, None),
+        (["rollout.engine=vllm", "rollout.weight_sync=collective"], 0.0, 0.0, "gloo"),
+        (["rollout.engine=vllm", "rollout.weight_sync=collective"], 1.0, 2.0, "nccl"),
+    ],
+)
+def test_the_weight_sync_path_follows_the_engine_and_the_devices(
+    overrides, learner_gpus, rollout_gpus, path
+):
+    config = load_config(QUICKSTART, overrides)
+    placement = TeamPlacement(None, [[0]], learner_gpus, rollout_gpus)
+    assert placement.weight_transfer(config) == path
+
+
+def test_a_collective_sync_between_a_gpu_and_the_cpu_says_what_to_change():
+    config = load_config(QUICKSTART, ["rollout.engine=vllm", "rollout.weight_sync=collective"])
+    with pytest.raises(ValueError, match=r"GPUs of their own or both on the CPU.*object_store"):
+        TeamPlacement(None, [[0]], 1.0, 0.0).weight_transfer(config)
+    with pytest.raises(ValueError, match="GPUs of their own"):
+        TeamPlacement(None, [[0]], 0.5, 0.5).weight_transfer(config)

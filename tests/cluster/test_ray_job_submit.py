@@ -22,7 +22,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_ray_job_submit_runs_training_on_a_loopback_cluster(tmp_path, built_quickstart_model):
+def test_ray_job_submit_runs_training_on_a_loopback_cluster(tmp_path, builtin_models):
     gcs_port, dashboard_port = free_port(), free_port()
     # Ray's token authentication, as a real cluster runs it: the head and the CLI share a token.
     # The cluster's PATH has satseq on it, as an image with the project installed does.

@@ -42,7 +42,7 @@ class RecordingRuntime:
 
 
 @pytest.fixture(scope="module")
-def quickstart_model(built_quickstart_model):
+def quickstart_model(builtin_models):
     """A model of the quickstart team: warm-started on its task, so rewards vary within a group
     and updates move it."""
     return load_config(QUICKSTART).team.agents[0].path

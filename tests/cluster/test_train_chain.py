@@ -9,7 +9,7 @@ from tests.cluster.runs import read_metrics, run_env, train_command
 pytestmark = pytest.mark.slow
 
 
-def test_chain_topology_trains_every_agent_on_its_own_turns(tmp_path, built_quickstart_model):
+def test_chain_topology_trains_every_agent_on_its_own_turns(tmp_path, builtin_models):
     output_dir = tmp_path / "chain"
     subprocess.run(
         train_command(output_dir, 1, "--set", "team.topology=chain"),

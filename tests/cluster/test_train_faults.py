@@ -70,7 +70,7 @@ def without_faults(record: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def straight_run(tmp_path_factory, built_quickstart_model):
+def straight_run(tmp_path_factory, builtin_models):
     output_dir = tmp_path_factory.mktemp("straight")
     subprocess.run(train_command(output_dir, STAGES), check=True, timeout=600, env=run_env())
     return read_metrics(output_dir)
@@ -127,7 +127,7 @@ def test_a_learner_killed_mid_update_is_restarted_and_the_stage_retried(tmp_path
     print(f"\nlearner: recovered in {metrics[0]['time/recovery']:.1f} s")
 
 
-def test_a_run_without_retries_left_stops_with_what_died(tmp_path, built_quickstart_model):
+def test_a_run_without_retries_left_stops_with_what_died(tmp_path, builtin_models):
     driver = start_run(tmp_path, "--set", "trainer.max_stage_retries=0")
     os.kill(wait_for_process(driver, "ray::RolloutWorker.generate"), signal.SIGKILL)
     _, stderr = driver.communicate(timeout=600)
@@ -139,7 +139,7 @@ def raylet_pid(node) -> int:
     return node.all_processes["raylet"][0].process.pid
 
 
-def test_the_run_finishes_when_the_node_of_its_actors_is_removed(tmp_path, built_quickstart_model):
+def test_the_run_finishes_when_the_node_of_its_actors_is_removed(tmp_path, builtin_models):
     from ray.cluster_utils import Cluster
 
     # Loopback only: the driver would otherwise turn 127.0.0.1 into this machine's address

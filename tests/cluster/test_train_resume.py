@@ -17,17 +17,18 @@ EXTRA_ARGS = {
     "sat_seq": [],
     "sat_seq_gae": ["--set", "sat_seq.advantage=gae"],
     "spo": SPO_RUN,
-    # each agent sharded over two learner ranks (FSDP2 on gloo): 6 ranks + 1 rollout actor
+    # two agents, each sharded over two learner ranks (FSDP2 on gloo): 4 ranks + 1 rollout
+    # actor on the 2 cores (three agents' 6 ranks test nothing more and take twice as long)
     "sat_seq_sharded": [
-        "--set", "trainer.workers_per_agent=2", "--set", "trainer.resources.num_cpus=0.25"
+        "--set", "trainer.workers_per_agent=2", "--set", "trainer.resources.num_cpus=0.25",
+        "--set", "team.agents=[{name: a0, path: 'builtin:tiny-carry-0'}, "
+                 "{name: a1, path: 'builtin:tiny-carry-1'}]",
     ],
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("algorithm", list(EXTRA_ARGS))
-def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
-    tmp_path, built_quickstart_model, algorithm
-):
+def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path, builtin_models, algorithm):
     """SPO's resume state adds the trackers (with their stored log-probs) and the sampler RNG;
     `gae` mode's, the value heads and their optimisers; sharded agents', their ranks' shards
     (`torch.distributed.checkpoint`)."""
@@ -73,7 +74,7 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
         assert reference[-1]["value/mean/a0"] != 0.0
 
 
-def test_ctrl_c_finishes_the_stage_checkpoints_and_exits_cleanly(tmp_path, built_quickstart_model):
+def test_ctrl_c_finishes_the_stage_checkpoints_and_exits_cleanly(tmp_path, builtin_models):
     output_dir = tmp_path / "interrupted"
     driver = subprocess.Popen(
         train_command(output_dir, 4),

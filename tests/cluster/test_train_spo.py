@@ -11,9 +11,7 @@ from tests.cluster.runs import SPO_RUN, read_metrics, run_env, train_command
 pytestmark = pytest.mark.slow
 
 
-def test_spo_runs_with_offline_priors_kl_forgetting_and_its_metrics(
-    tmp_path, built_quickstart_model
-):
+def test_spo_runs_with_offline_priors_kl_forgetting_and_its_metrics(tmp_path, builtin_models):
     problems = make_split("test", 8, seed=0, difficulty=1, style="symbols")
     # offline scores for 6 of the 8 prompts: the other 2 start at Beta(0.5, 0.5) and are counted
     values = {p.problem: [1.0, 0.0, 1.0, 1.0] for p in problems[:6]}
@@ -41,7 +39,7 @@ def test_spo_runs_with_offline_priors_kl_forgetting_and_its_metrics(
     assert min(m["spo/rho_mean"] for m in metrics[1:]) < 0.96
 
 
-def test_grpo_runs_with_group_metrics(tmp_path, built_quickstart_model):
+def test_grpo_runs_with_group_metrics(tmp_path, builtin_models):
     output_dir = tmp_path / "grpo"
     subprocess.run(
         train_command(output_dir, 2, "--set", "algorithm.name=grpo", "--set", "grpo.group_size=4"),

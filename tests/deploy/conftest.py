@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import built_quickstart_model  # noqa: F401 (a fixture)
 from tests.deploy.observed_run import REPO
 
 
@@ -18,7 +17,7 @@ class ObservedRun:
 
 
 @pytest.fixture(scope="session")
-def observed_run(tmp_path_factory, built_quickstart_model) -> ObservedRun:  # noqa: F811
+def observed_run(tmp_path_factory, builtin_models) -> ObservedRun:
     out = tmp_path_factory.mktemp("observed")
     subprocess.run(
         [sys.executable, "-m", "tests.deploy.observed_run", str(out)],

@@ -9,6 +9,11 @@ from satseq.models import resolve_model_path
 AGENTS = ("a0", "a1", "a2")
 
 
+@pytest.fixture(autouse=True)
+def _builtins_built(builtin_models):
+    """These tests resolve builtin:tiny and builtin:tiny-tool: built, two at a time, first."""
+
+
 def copy_team(root, layout: str):
     """builtin:tiny for every agent: `training` = agent_<name>/stage_{0,2}/, `per_agent` =
     <name>/."""

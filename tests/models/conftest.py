@@ -1,6 +1,7 @@
-"""Session fixtures: the builtin tiny models, built once per test session into a private cache.
+"""Session fixtures: the builtin tiny models, in the cache every test shares (`builtin_models`).
 
-A private cache (not `~/.cache/satseq`) makes every session test what the current code builds.
+What a cached build holds is what the current code builds as long as a change to the build bumps
+its fingerprint (`satseq.models.tiny`); CI starts with an empty cache, so it builds afresh.
 """
 
 from pathlib import Path
@@ -8,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from satseq.models import load_policy, resolve_builtin
+from satseq.models.cache import default_cache_dir
 
 
 @pytest.fixture(scope="session")
-def satseq_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A private `$SATSEQ_CACHE` root."""
-    return tmp_path_factory.mktemp("satseq-cache")
+def satseq_cache(builtin_models) -> Path:
+    """The `$SATSEQ_CACHE` root the builtin models were built under."""
+    return default_cache_dir().parent
 
 
 @pytest.fixture(scope="session")

@@ -98,7 +98,13 @@ def test_debug_is_a_tiny_cpu_run_that_the_variables_still_override():
     result = run_script({"METHOD": "spo", "DEBUG": "1", "DRY_RUN": "1", "RESPONSE_LENGTH": "40"})
     config = resolved_config(printed_command(result))
     assert config["team"]["agents"] == [
-        {"name": "policy", "path": "builtin:tiny", "role_prompt": None, "offload": None}
+        {
+            "name": "policy",
+            "path": "builtin:tiny",
+            "role_prompt": None,
+            "offload": None,
+            "workers": None,
+        }
     ]
     assert config["data"]["train"] == "synthetic"
     assert (config["rollout"]["engine"], config["rollout"]["max_new_tokens"]) == ("hf", 40)

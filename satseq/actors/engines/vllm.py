@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import vllm
 from transformers import AutoConfig
+from vllm.config import WeightTransferConfig
 from vllm.platforms import current_platform
 from vllm.v1.engine.core_client import InprocClient
 
@@ -34,6 +35,7 @@ from satseq.actors.engines.base import (
     set_cpu_threads,
 )
 from satseq.actors.trajectory import Generation, SamplingSpec
+from satseq.actors.weight_transfer import TransferBackend
 from satseq.models import resolve_model_path
 
 # What works on a few CPU cores: no graph compilation (it costs minutes of start-up and needs
@@ -71,6 +73,7 @@ class VLLMEngine:
         dtype: str = "float32",
         seed: int = 0,
         num_threads: int = 1,
+        weight_transfer: TransferBackend | None = None,
         **llm_options: Any,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -81,6 +84,12 @@ class VLLMEngine:
             **(_cpu_defaults(model_dir) if current_platform.is_cpu() else {}),
             **llm_options,
         }
+        if weight_transfer is not None:  # a collective weight sync (`receive_weights`)
+            from satseq.actors.engines.vllm_transfer import VLLM_BACKENDS
+
+            backend = VLLM_BACKENDS[weight_transfer]
+            options["weight_transfer_config"] = WeightTransferConfig(backend=backend)
+        self.transfer_open = False
         if current_platform.is_cpu():
             set_cpu_threads(num_threads)
         real_set_num_threads = torch.set_num_threads
@@ -144,6 +153,22 @@ class VLLMEngine:
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": iter(weights.items())}
         )
+        self.llm.reset_prefix_cache()
+
+    def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        """Join the learner's weight-transfer group (`satseq.actors.weight_transfer`), leaving
+        the group of an earlier learner first."""
+        if self.transfer_open:
+            self.llm.collective_rpc("shutdown_weight_transfer_engine")
+        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
+        self.transfer_open = True
+
+    def receive_weights(self, update_info: dict[str, Any]) -> None:
+        """Take the weights the learner broadcasts now (vLLM's update lifecycle: every layer
+        reloaded once its weights are in), then drop the prefix cache."""
+        self.llm.collective_rpc("start_weight_update")
+        self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+        self.llm.collective_rpc("finish_weight_update")
         self.llm.reset_prefix_cache()
 
     def prompt_logprobs(

@@ -3,6 +3,7 @@ the recipes share."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -142,7 +143,7 @@ def update_metrics(stats: UpdateResult) -> dict[str, float]:
     """What one agent's learner update did (UpdateResult → per-agent metrics). The update's peak
     device memory is there where the device reports one (CUDA), not on the CPU."""
     metrics = {
-        "kl_quantile": stats.kl_quantile,
+        "kl_quantile": stats.kl_quantile,  # NaN where not measured: left out below
         "beta": stats.steps[-1].beta if stats.steps else float("nan"),
         "backtracks": stats.backtracks,
         "accepted": stats.accepted_steps,
@@ -153,6 +154,8 @@ def update_metrics(stats: UpdateResult) -> dict[str, float]:
     }
     if stats.peak_memory_gib is not None:
         metrics[PEAK_MEMORY] = stats.peak_memory_gib
+    if math.isnan(stats.kl_quantile):
+        del metrics["kl_quantile"]
     return metrics
 
 

@@ -7,6 +7,7 @@ G times, its groups are its own, and the agents update in parallel on their own 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -36,8 +37,9 @@ class GrpoRecipe:
 
     @staticmethod
     def learner_settings(config: RunConfig) -> LearnerSettings:
-        """Token-level PPO-clip (`grpo`), plain steps."""
-        return LearnerSettings(loss_spec(config.grpo), PLAIN_STEPS)
+        """Token-level PPO-clip (`grpo`), plain steps, measured after each only if asked."""
+        steps = replace(PLAIN_STEPS, measure=config.grpo.measure_step_kl)
+        return LearnerSettings(loss_spec(config.grpo), steps)
 
     def run_stage(self, k: int) -> StageResult:
         rt, cfg = self.runtime, self.config
