@@ -102,17 +102,23 @@ def team_memory(shape: Shape, n: int, args: argparse.Namespace) -> dict[str, flo
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def workload_parser(description: str) -> argparse.ArgumentParser:
+    """The GPU and the update's workload, as every memory table here takes them."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--gpu-gb", type=float, default=80.0)
-    parser.add_argument("--kv-cache-gb", type=float, default=4.0, help="the least that fits")
-    parser.add_argument("--agents", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--micro-batch", type=int, default=4, help="sequences per micro-batch")
     parser.add_argument("--seq-len", type=int, default=2048, help="prompt + response tokens")
     parser.add_argument(
         "--response-tokens", type=int, default=128 * 1536, help="M: the update's response tokens"
     )
     parser.add_argument("--chunk-tokens", type=int, default=1024, help="trainer.logit_chunk_tokens")
+    return parser
+
+
+def main() -> None:
+    parser = workload_parser(__doc__.splitlines()[0])
+    parser.add_argument("--kv-cache-gb", type=float, default=4.0, help="the least that fits")
+    parser.add_argument("--agents", type=int, nargs="+", default=[1, 3])
     args = parser.parse_args()
 
     def fits(*phases: float) -> str:

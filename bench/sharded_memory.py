@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 
-from colocate_memory import GB, MODELS, Shape, update_working_set
+from colocate_memory import GB, MODELS, Shape, update_working_set, workload_parser
 
 WORLD_SIZES = (1, 2, 4, 8)
 
@@ -43,15 +43,7 @@ def rank_memory(shape: Shape, world: int, args: argparse.Namespace) -> tuple[flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpu-gb", type=float, default=80.0)
-    parser.add_argument("--micro-batch", type=int, default=4, help="sequences per micro-batch")
-    parser.add_argument("--seq-len", type=int, default=2048, help="prompt + response tokens")
-    parser.add_argument(
-        "--response-tokens", type=int, default=128 * 1536, help="M: the update's response tokens"
-    )
-    parser.add_argument("--chunk-tokens", type=int, default=1024, help="trainer.logit_chunk_tokens")
-    args = parser.parse_args()
+    args = workload_parser(__doc__.splitlines()[0]).parse_args()
     header = " | ".join(f"W = {w}: GPU GB (fits)" for w in WORLD_SIZES)
     print(f"| model | params | {header} | host GB per rank, W = 1 … 8 |")
     print("|---|---|" + "---|" * len(WORLD_SIZES) + "---|")
