@@ -3,8 +3,8 @@
 On the CPU the collective is gloo; the engines take it through vLLM's weight-transfer API, as
 GPU engines take NCCL. Checked: the wire format (every tensor arrives bit-exact, in buckets both
 sides cut alike), a bad manifest fails loudly, and with real Ray actors and vLLM engines a
-broadcast leaves the engines exactly as an object-store push does, and the group forms again
-after a rollout actor is killed.
+broadcast leaves the engines exactly as an object-store push of the same weights does (which
+then changes nothing), and the group forms again after a rollout actor is killed.
 """
 
 from __future__ import annotations
@@ -125,22 +125,22 @@ BUCKET_MB = 0.05  # the tiny model's float32 weights are ~0.6 MiB: a dozen bucke
 
 @pytest.fixture(scope="module")
 def team(ray_cluster, raw_tiny_model):
-    """One learner, two rollout actors that take the collective on gloo (restarted by Ray when
-    killed, as in training), and one that takes object-store pushes, for reference."""
+    """One learner and two rollout actors whose engines take the collective on gloo (restarted
+    by Ray when killed, as in training); the same actors take object-store pushes too."""
     pytest.importorskip("vllm")
     spec = LearnerSpec(model_path=raw_tiny_model, agent_index=0, optimizer=OptimizerSpec(lr=1e-2))
     learner = LearnerActor.options(num_cpus=0).remote(spec)
-    agents = {"a0": raw_tiny_model}
     options = {"num_cpus": 0, "max_restarts": -1}
-    collective = [
-        RolloutActor.options(**options).remote(agents, "vllm", {"weight_transfer": "gloo"}, j)
+    rollouts = [
+        RolloutActor.options(**options).remote(
+            {"a0": raw_tiny_model}, "vllm", {"weight_transfer": "gloo"}, j
+        )
         for j in range(2)
     ]
-    reference = RolloutActor.options(**options).remote(agents, "vllm", {}, 0)
-    ray.get([actor.ready.remote() for actor in [*collective, reference]] + [learner.ready.remote()])
+    ray.get([actor.ready.remote() for actor in rollouts] + [learner.ready.remote()])
     tokenizer = load_tokenizer(raw_tiny_model)
 
-    def runtime(rollouts, weight_transfer, bucket_mb):
+    def runtime(weight_transfer):
         return TeamRuntime(
             ["a0"],
             [tokenizer],
@@ -149,16 +149,16 @@ def team(ray_cluster, raw_tiny_model):
             [learner],
             rollouts,
             RayCalls(),
-            bucket_mb=bucket_mb,
+            bucket_mb=BUCKET_MB,
             weight_transfer=weight_transfer,
         )
 
     return {
         "learner": learner,
         "tokenizer": tokenizer,
-        "collective": collective,
-        "broadcast": runtime(collective, "gloo", BUCKET_MB),
-        "object_store": runtime([reference], None, BUCKET_MB),
+        "rollouts": rollouts,
+        "broadcast": runtime("gloo"),
+        "object_store": runtime(None),
     }
 
 
@@ -193,19 +193,18 @@ def learner_logprob(team, prompt_ids: list[int], response: list[int]) -> float:
 
 @pytest.mark.slow
 def test_a_broadcast_leaves_every_engine_as_an_object_store_push_does(team):
-    tokenizer = team["tokenizer"]
-    before = greedy_samples(team["collective"][0], tokenizer)
+    tokenizer, rollouts = team["tokenizer"], team["rollouts"]
+    before = greedy_samples(rollouts[0], tokenizer)
     train_one_step(team)
     team["broadcast"].push_weights(0)
-    team["object_store"].push_weights(0)
-
     manifest = team["broadcast"].transfer_manifests[0]
-    assert len(bucket_plan(manifest, int(BUCKET_MB * 2**20))) > 2  # several buckets, not one object
-    pushed = greedy_samples(team["object_store"].rollouts[0], tokenizer)
-    assert pushed != before  # the step moved the policy
-    for actor in team["collective"]:
-        assert greedy_samples(actor, tokenizer) == pushed  # bit-identical log-probs too
-    for prompt, (tokens, logprob) in zip(PROMPTS, pushed, strict=True):
+    assert len(bucket_plan(manifest, int(BUCKET_MB * 2**20))) > 2  # several buckets
+    broadcast = [greedy_samples(actor, tokenizer) for actor in rollouts]
+    assert broadcast[0] == broadcast[1] != before  # both engines took the step
+
+    team["object_store"].push_weights(0)  # the same weights, the other path
+    assert [greedy_samples(actor, tokenizer) for actor in rollouts] == broadcast  # bit-identical
+    for prompt, (tokens, logprob) in zip(PROMPTS, broadcast[0], strict=True):
         expected = learner_logprob(team, tokenizer.encode(prompt), tokens)
         assert logprob == pytest.approx(expected, abs=1e-4)
     assert team["broadcast"].take_weight_sync_seconds() > 0
@@ -213,8 +212,8 @@ def test_a_broadcast_leaves_every_engine_as_an_object_store_push_does(team):
 
 @pytest.mark.slow
 def test_after_a_rollout_actor_is_killed_the_next_push_forms_the_group_again(team):
-    runtime = team["broadcast"]
-    killed = team["collective"][1]
+    tokenizer, rollouts, runtime = team["tokenizer"], team["rollouts"], team["broadcast"]
+    killed = rollouts[1]
     os.kill(ray.get(killed.__ray_call__.remote(lambda _: os.getpid())), signal.SIGKILL)
     while True:  # Ray restarts it under the same handle
         try:
@@ -226,7 +225,6 @@ def test_after_a_rollout_actor_is_killed_the_next_push_forms_the_group_again(tea
 
     train_one_step(team)
     runtime.push_weights(0)
+    broadcast = [greedy_samples(actor, tokenizer) for actor in rollouts]  # the restarted one too
     team["object_store"].push_weights(0)
-    pushed = greedy_samples(team["object_store"].rollouts[0], team["tokenizer"])
-    for actor in team["collective"]:  # the restarted one too
-        assert greedy_samples(actor, team["tokenizer"]) == pushed
+    assert [greedy_samples(actor, tokenizer) for actor in rollouts] == broadcast

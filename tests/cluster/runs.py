@@ -13,6 +13,7 @@ SHORT_RUN = [
     "--set", "rollout.max_new_tokens=32",
     "--set", "eval.synthetic_problems=32",
 ]  # fmt: skip
+STRAIGHT_STAGES = 3  # the shared reference run's (`straight_run`)
 TIMING_KEYS = ("time/", "tokens_per_s/")
 # 8 prompts and 4 per stage: prompts come back within a few stages, so ρ 'kl' re-scores them.
 # builtin:tiny's own task: difficulty 1, on 'test' (it was warm-started on 'train' and 'warmup')

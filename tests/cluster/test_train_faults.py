@@ -10,10 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.runs import read_metrics, run_env, train_command, without_timings
+from tests.cluster.runs import (
+    STRAIGHT_STAGES,
+    read_metrics,
+    run_env,
+    train_command,
+    without_timings,
+)
 
 pytestmark = pytest.mark.slow
-STAGES = 3
 
 
 def process_title(pid: int) -> str:
@@ -70,15 +75,13 @@ def without_faults(record: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def straight_run(tmp_path_factory, builtin_models):
-    output_dir = tmp_path_factory.mktemp("straight")
-    subprocess.run(train_command(output_dir, STAGES), check=True, timeout=600, env=run_env())
-    return read_metrics(output_dir)
+def straight_metrics(straight_run):
+    return read_metrics(straight_run)
 
 
 def start_run(output_dir: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        train_command(output_dir, STAGES, *extra),
+        train_command(output_dir, STRAIGHT_STAGES, *extra),
         env=run_env(),
         start_new_session=True,
         stdout=subprocess.DEVNULL,
@@ -97,7 +100,7 @@ def finish(driver: subprocess.Popen) -> None:
 
 
 def test_a_rollout_actor_killed_mid_stage_is_restarted_and_the_stage_retried(
-    tmp_path, straight_run
+    tmp_path, straight_metrics
 ):
     driver = start_run(tmp_path)
     wait_for_stages(tmp_path, 1, driver)  # stage 1 restarts from stage 0's checkpoint
@@ -105,7 +108,7 @@ def test_a_rollout_actor_killed_mid_stage_is_restarted_and_the_stage_retried(
     started = time.monotonic()
     finish(driver)
     metrics = read_metrics(tmp_path)
-    assert [without_faults(m) for m in metrics] == [without_faults(m) for m in straight_run]
+    assert [without_faults(m) for m in metrics] == [without_faults(m) for m in straight_metrics]
     assert sum(m["faults/rollout"] for m in metrics) == 1
     assert sum(m["faults/learner"] for m in metrics) == 0
     recovery = sum(m.get("time/recovery", 0.0) for m in metrics)
@@ -115,13 +118,13 @@ def test_a_rollout_actor_killed_mid_stage_is_restarted_and_the_stage_retried(
     )
 
 
-def test_a_learner_killed_mid_update_is_restarted_and_the_stage_retried(tmp_path, straight_run):
+def test_a_learner_killed_mid_update_is_restarted_and_the_stage_retried(tmp_path, straight_metrics):
     driver = start_run(tmp_path)
     # stage 0: no checkpoint yet, so every learner restarts from the initial weights
     os.kill(wait_for_process(driver, "ray::Learner.update"), signal.SIGKILL)
     finish(driver)
     metrics = read_metrics(tmp_path)
-    assert [without_faults(m) for m in metrics] == [without_faults(m) for m in straight_run]
+    assert [without_faults(m) for m in metrics] == [without_faults(m) for m in straight_metrics]
     assert metrics[0]["faults/learner"] == 1
     assert any(m["accepted/a0"] > 0 for m in metrics)  # the runs learned: equality is not trivial
     print(f"\nlearner: recovered in {metrics[0]['time/recovery']:.1f} s")
@@ -149,7 +152,7 @@ def test_the_run_finishes_when_the_node_of_its_actors_is_removed(tmp_path, built
     doomed = cluster.add_node(num_cpus=2, **loopback)  # the whole team's placement group fits
     # long enough that the removal lands mid-run: adding the spare node takes seconds, and a stage
     # of this run well under one once checkpoints no longer pass through the coordinator
-    stages = 10 * STAGES
+    stages = 10 * STRAIGHT_STAGES
     driver = subprocess.Popen(
         train_command(tmp_path, stages, "--address", cluster.address),
         env=env,

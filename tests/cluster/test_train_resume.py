@@ -8,7 +8,14 @@ import time
 
 import pytest
 
-from tests.cluster.runs import SPO_RUN, read_metrics, run_env, train_command, without_timings
+from tests.cluster.runs import (
+    SPO_RUN,
+    STRAIGHT_STAGES,
+    read_metrics,
+    run_env,
+    train_command,
+    without_timings,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -17,25 +24,30 @@ EXTRA_ARGS = {
     "sat_seq": [],
     "sat_seq_gae": ["--set", "sat_seq.advantage=gae"],
     "spo": SPO_RUN,
-    # two agents, each sharded over two learner ranks (FSDP2 on gloo): 4 ranks + 1 rollout
-    # actor on the 2 cores (three agents' 6 ranks test nothing more and take twice as long)
+    # one agent sharded over two learner ranks (FSDP2 on gloo) beside the rollout actor: the
+    # other variants resume teams; more ranks on 2 cores only take longer
     "sat_seq_sharded": [
-        "--set", "trainer.workers_per_agent=2", "--set", "trainer.resources.num_cpus=0.25",
-        "--set", "team.agents=[{name: a0, path: 'builtin:tiny-carry-0'}, "
-                 "{name: a1, path: 'builtin:tiny-carry-1'}]",
+        "--set", "trainer.workers_per_agent=2", "--set", "trainer.resources.num_cpus=0.5",
+        "--set", "team.agents=[{name: a0, path: 'builtin:tiny-carry-0'}]",
     ],
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("algorithm", list(EXTRA_ARGS))
-def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path, builtin_models, algorithm):
+def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
+    tmp_path, request, builtin_models, algorithm
+):
     """SPO's resume state adds the trackers (with their stored log-probs) and the sampler RNG;
     `gae` mode's, the value heads and their optimisers; sharded agents', their ranks' shards
     (`torch.distributed.checkpoint`)."""
-    stages = 3
+    stages = STRAIGHT_STAGES
     extra = EXTRA_ARGS[algorithm]
-    straight = tmp_path / "straight"
-    subprocess.run(train_command(straight, stages, *extra), check=True, timeout=600, env=run_env())
+    if extra:
+        straight = tmp_path / "straight"
+        command = train_command(straight, stages, *extra)
+        subprocess.run(command, check=True, timeout=600, env=run_env())
+    else:  # the plain quickstart's: the run the fault tests compare with too
+        straight = request.getfixturevalue("straight_run")
 
     interrupted = tmp_path / "interrupted"
     driver = subprocess.Popen(
