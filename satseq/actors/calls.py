@@ -9,8 +9,14 @@ values. The same code then drives `LearnerActor`s and `RolloutActor`s on a clust
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any, Protocol
+
+PROCESS_ID = uuid.uuid4().hex
+"""This process's identity. Ray restarts a dead actor in a new process under the same actor id,
+so an actor's `incarnation()` (this value) tells its callers whether it is still the one whose
+state they built."""
 
 
 class ActorCalls(Protocol):

@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from satseq.actors.calls import PROCESS_ID
 from satseq.actors.forward import (
     PolicyTrunk,
     response_hidden_states,
@@ -944,6 +945,11 @@ class Learner:
 
     def ready(self) -> bool:
         return True
+
+    def incarnation(self) -> str:
+        """The process this learner runs in: a new one after Ray restarted it (from its initial
+        weights, whatever the run had trained)."""
+        return PROCESS_ID
 
 
 def _on_device(layer: OutputLayer, device: torch.device) -> OutputLayer:

@@ -27,7 +27,7 @@ from typing import Any
 import ray
 import torch
 
-from satseq.actors.calls import ActorCalls, RayCalls
+from satseq.actors.calls import PROCESS_ID, ActorCalls, RayCalls
 from satseq.actors.engines import Engine, EngineKind, make_engine
 from satseq.actors.tool_loop import SandboxClient, ToolLoop
 from satseq.actors.trajectory import GenerateFn, Generation, GenerationRequest, SamplingSpec
@@ -82,6 +82,11 @@ class RolloutWorker:
     def ready(self) -> dict[str, Any]:
         """Returns once every engine has started: {"engine": kind, "agents": names}."""
         return {"engine": self.engine_kind, "agents": list(self.engines)}
+
+    def incarnation(self) -> str:
+        """The process this worker runs in: a new one after Ray restarted it (with every engine
+        on its initial weights)."""
+        return PROCESS_ID
 
     def generate(
         self, requests: list[GenerationRequest], spec: SamplingSpec

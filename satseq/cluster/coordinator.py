@@ -24,7 +24,9 @@ from satseq.cluster.faults import (
     ACTOR_LOSS,
     FaultLog,
     actor_roles,
+    check_not_restarted,
     fault_kind,
+    incarnations,
     wait_until_alive,
 )
 from satseq.cluster.metrics import StageLog
@@ -56,6 +58,8 @@ class Coordinator:
         self.recipe = self.recipe_class(config, self.runtime, self.problems)
         self.first_rng = _rng_state()  # stage 0's, for a retry of stage 0
         self.faults = FaultLog(config.trainer.max_stage_retries)
+        self.incarnations = incarnations(self._team_actors())
+        """Every learner's and rollout actor's process when the stage began (`faults`)."""
         resumed_stage = self._restore() if resume else None
         self.log = StageLog(self.output_dir, config.output.tensorboard, resumed_stage)
 
@@ -94,7 +98,7 @@ class Coordinator:
         (an actor restarted once more) comes back here through `run_stage`, counted again."""
         rt = self.runtime
         roles = actor_roles(
-            learner=[actor for learner in rt.learners for actor in learner_actors(learner)],
+            learner=self._learner_actors(),
             rollout=rt.rollouts,
             sandbox=[rt.sandbox] if rt.sandbox else [],
         )
@@ -103,9 +107,17 @@ class Coordinator:
         started = time.perf_counter()
         rt.set_progress(f"recovering ({kind} died)")
         wait_until_alive(self._pings())
+        # before the reset: an actor restarted during it is caught at the stage's end
+        self.incarnations = incarnations(self._team_actors())
         rt.forget_weight_transfers()  # a restarted actor is in no group
         self._reset_to_stage_start()
         self.faults.recovery_seconds += time.perf_counter() - started
+
+    def _learner_actors(self) -> list[Any]:
+        return [actor for learner in self.runtime.learners for actor in learner_actors(learner)]
+
+    def _team_actors(self) -> list[Any]:
+        return self._learner_actors() + self.runtime.rollouts
 
     def _pings(self) -> list[tuple[Any, str]]:
         rt = self.runtime
@@ -155,7 +167,9 @@ class Coordinator:
     def _write_outputs(self, metrics: dict[str, Any], certificate: dict[str, Any]) -> None:
         """The stage's HF directories (every `save_every` stages and the last), then its line of
         metrics.jsonl and the resume checkpoint. Everything that asks the actors comes first, so
-        an actor lost here leaves no line behind and the stage is retried whole."""
+        an actor lost here, or restarted by Ray at any time since the stage began (its calls
+        then ran on its constructor's state), leaves no line behind and the stage is retried
+        whole."""
         stage = metrics["stage"]
         last = stage + 1 == self.config.trainer.stages
         checkpoints = self.output_dir / "checkpoints"
@@ -171,6 +185,9 @@ class Coordinator:
                 for learner, name in zip(self.runtime.learners, self.runtime.agents, strict=True)
             ]
         ray.get(writes)
+        now = incarnations(self._team_actors())
+        check_not_restarted(self.incarnations, now)
+        self.incarnations = now  # a swap's new learner from here on
         state = {
             "stage": stage + 1,  # where a resumed run starts
             "recipe": self.recipe.state_dict(),

@@ -6,6 +6,12 @@ starts it again in its placement-group bundle, under the same handle, by re-runn
 constructor. The coordinator then puts the whole team back to the state at the start of the
 stage (`Coordinator._reset_to_stage_start`) and runs the stage again; since a stage is a
 deterministic function of that state, the retried stage gives the uninterrupted run's metrics.
+
+An actor that dies *between* two calls fails no call: Ray restarts it, and the next call reaches
+the new process, which holds its constructor's state (a learner its initial weights, a rollout
+actor its engines' initial weights). So before a stage's checkpoint is completed the coordinator
+asks every actor its `incarnation()` (the id of its process); one that changed since the stage
+began is an `ActorRestarted`, a loss like any other: the stage is retried from its start.
 """
 
 from __future__ import annotations
@@ -20,8 +26,19 @@ from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError
 
 log = logging.getLogger(__name__)
 
-ACTOR_LOSS = (RayActorError, ObjectLostError)
-"""What a call raises when an actor died (or is restarting), or its node and objects are gone."""
+
+class ActorRestarted(RuntimeError):
+    """An actor Ray restarted since the stage began: it answered, but from its constructor's
+    state, not the run's."""
+
+    def __init__(self, actor_id: str):
+        super().__init__(f"actor {actor_id} was restarted by Ray since the stage began")
+        self.actor_id = actor_id
+
+
+ACTOR_LOSS = (RayActorError, ObjectLostError, ActorRestarted)
+"""What a call raises when an actor died (or is restarting), or its node and objects are gone,
+and what the coordinator raises on finding an actor restarted between calls."""
 FAULT_KINDS = ("learner", "rollout", "sandbox", "node")
 RESTARTED_ACTOR = {"max_restarts": -1}
 """Ray options of every training actor: Ray restarts it whenever it dies."""
@@ -91,6 +108,20 @@ def actor_roles(**handles: list[Any]) -> dict[str, str]:
         for handle in group
         if handle
     }
+
+
+def incarnations(actors: list[Any]) -> dict[str, str]:
+    """{actor id (hex): its `incarnation()`, the id of the process it runs in now}."""
+    found = ray.get([actor.incarnation.remote() for actor in actors])
+    return {actor._actor_id.hex(): process for actor, process in zip(actors, found, strict=True)}
+
+
+def check_not_restarted(before: dict[str, str], now: dict[str, str]) -> None:
+    """Raise ActorRestarted for an actor whose process changed from `before` to `now` (actors
+    in only one of them, started or stopped on purpose by a swap, are not compared)."""
+    for actor_id, process in now.items():
+        if before.get(actor_id, process) != process:
+            raise ActorRestarted(actor_id)
 
 
 def wait_until_alive(pings: list[tuple[Any, str]], timeout_s: float = 600.0) -> None:

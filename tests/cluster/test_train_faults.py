@@ -130,6 +130,51 @@ def test_a_learner_killed_mid_update_is_restarted_and_the_stage_retried(tmp_path
     print(f"\nlearner: recovered in {metrics[0]['time/recovery']:.1f} s")
 
 
+def actor_processes(driver: subprocess.Popen, actor_class: str, idle: bool = False) -> set[int]:
+    """The pids of the run's `actor_class` actors; with `idle`, of those between calls (Ray
+    titles an idle actor's process `ray::<class>`, a busy one `ray::<class>.<method>`)."""
+    return {
+        pid
+        for pid in descendants(driver.pid)
+        if (title := process_title(pid)) == f"ray::{actor_class}"
+        or (not idle and title.startswith(f"ray::{actor_class}."))
+    }
+
+
+def test_actors_killed_between_their_calls_are_found_out_and_the_stage_retried(
+    tmp_path, straight_metrics
+):
+    """A learner and a rollout actor killed between two calls and restarted by Ray before the
+    next fail no call: the next calls reach processes on initial weights (without the check the
+    run goes on from there, and its metrics part from the uninterrupted run's). The coordinator
+    is held (SIGSTOP) from before the kills until both new processes are up, so the restarts
+    always win that race. Their new incarnations give them away before the stage's checkpoint,
+    and the stage is retried: the run's metrics are the uninterrupted run's."""
+    driver = start_run(tmp_path)
+    wait_for_stages(tmp_path, 1, driver)  # trained weights: a restart on initial ones shows
+    coordinator = wait_for_process(driver, "ray::Coordinator")
+    os.kill(coordinator, signal.SIGSTOP)
+    deadline = time.monotonic() + 120
+    try:
+        for actor_class in ("Learner", "RolloutWorker"):
+            while not (idle := actor_processes(driver, actor_class, idle=True)):
+                assert time.monotonic() < deadline, f"no {actor_class} between calls"
+                time.sleep(0.05)
+            known = actor_processes(driver, actor_class)
+            os.kill(min(idle), signal.SIGKILL)
+            while not actor_processes(driver, actor_class, idle=True) - known:  # the restarted
+                assert time.monotonic() < deadline, f"Ray did not restart the {actor_class}"
+                time.sleep(0.05)
+    finally:
+        os.kill(coordinator, signal.SIGCONT)
+    finish(driver)
+    metrics = read_metrics(tmp_path)
+    assert [without_faults(m) for m in metrics] == [without_faults(m) for m in straight_metrics]
+    # one check finds both restarts and names the first (learners are asked first)
+    assert sum(m["faults/learner"] for m in metrics) == 1
+    assert sum(m["faults/rollout"] for m in metrics) == 0
+
+
 def test_a_run_without_retries_left_stops_with_what_died(tmp_path, builtin_models):
     driver = start_run(tmp_path, "--set", "trainer.max_stage_retries=0")
     os.kill(wait_for_process(driver, "ray::RolloutWorker.generate"), signal.SIGKILL)
