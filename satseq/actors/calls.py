@@ -19,6 +19,15 @@ so an actor's `incarnation()` (this value) tells its callers whether it is still
 state they built."""
 
 
+class ActorRestarted(RuntimeError):
+    """An actor Ray restarted since its caller last gave it the run's state: it answers, but
+    from its constructor's state. The coordinator treats it as the actor's loss."""
+
+    def __init__(self, actor_id: str):
+        super().__init__(f"actor {actor_id} was restarted by Ray since its state was last set")
+        self.actor_id = actor_id
+
+
 class ActorCalls(Protocol):
     def start(self, handle: Any, method: str, *args: Any) -> Any: ...
 

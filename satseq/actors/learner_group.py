@@ -7,6 +7,11 @@ once every rank has answered, so a rank's failure fails the call. `ready` (re-)f
 process group first: Ray restarts a dead rank by re-running its constructor, outside the old
 group, so after a loss every rank joins a new one (and rebuilds its learner, whose state the
 caller then loads).
+
+A rank killed *between* calls fails no call: Ray restarts it outside the group, and a call
+reaching it would leave the other ranks waiting in their collectives for it. So every call
+first asks each rank its `incarnation()` and raises `ActorRestarted` for a rank whose process
+changed since the group formed, before any rank is called.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 import ray
 
+from satseq.actors.calls import ActorRestarted
 from satseq.actors.learner import LearnerRankActor, LearnerSpec
 
 
@@ -31,28 +37,48 @@ class LearnerGroup:
 
     def __init__(self, ranks: list[Any]):
         self.ranks = ranks
+        self.formed: list[Any] = []
+        """Each rank's incarnation when the group last formed (pending results until asked)."""
 
     def __getattr__(self, method: str) -> _GroupMethod:
         if method.startswith("_"):
             raise AttributeError(method)
-        return _GroupMethod(self.ranks, method)
+        return _GroupMethod(self, method)
+
+    def form(self) -> Any:
+        """(Re-)form the ranks' process group; rank 0's answer to `join_group`."""
+        address = ray.get(self.ranks[0].rendezvous_address.remote())
+        joined = [rank.join_group.remote(address) for rank in self.ranks]
+        self.formed = [rank.incarnation.remote() for rank in self.ranks]  # each after its join
+        return _rank_zero.remote(*joined)
+
+    def check_formed(self) -> None:
+        """Raise ActorRestarted for a rank that Ray restarted since the group formed."""
+        if not self.formed:
+            raise RuntimeError("the ranks have formed no group yet: call ready() first")
+        formed = ray.get(self.formed)
+        now = ray.get([rank.incarnation.remote() for rank in self.ranks])
+        for rank, before, process in zip(self.ranks, formed, now, strict=True):
+            if before != process:
+                raise ActorRestarted(rank._actor_id.hex())
 
 
 class _GroupMethod:
-    def __init__(self, ranks: list[Any], method: str, options: dict[str, Any] | None = None):
-        self.ranks = ranks
+    def __init__(self, group: LearnerGroup, method: str, options: dict[str, Any] | None = None):
+        self.group = group
         self.method = method
         self.options_ = options or {}
 
     def options(self, **options: Any) -> _GroupMethod:
-        return _GroupMethod(self.ranks, self.method, options)
+        return _GroupMethod(self.group, self.method, options)
 
     def remote(self, *args: Any) -> Any:
         if self.method == "ready":  # (re-)form the group: see the module docstring
-            address = ray.get(self.ranks[0].rendezvous_address.remote())
-            return _rank_zero.remote(*[rank.join_group.remote(address) for rank in self.ranks])
+            return self.group.form()
+        self.group.check_formed()
         calls = [
-            getattr(rank, self.method).options(**self.options_).remote(*args) for rank in self.ranks
+            getattr(rank, self.method).options(**self.options_).remote(*args)
+            for rank in self.group.ranks
         ]
         if self.options_.get("num_returns") == "streaming":
             return _rank_zero_stream(calls)

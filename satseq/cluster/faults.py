@@ -24,16 +24,9 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError
 
+from satseq.actors.calls import ActorRestarted
+
 log = logging.getLogger(__name__)
-
-
-class ActorRestarted(RuntimeError):
-    """An actor Ray restarted since the stage began: it answered, but from its constructor's
-    state, not the run's."""
-
-    def __init__(self, actor_id: str):
-        super().__init__(f"actor {actor_id} was restarted by Ray since the stage began")
-        self.actor_id = actor_id
 
 
 ACTOR_LOSS = (RayActorError, ObjectLostError, ActorRestarted)

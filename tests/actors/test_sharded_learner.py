@@ -3,13 +3,20 @@ unsharded learner computes: log-probs, the update with backtracking (SAT-Seq) an
 (GRPO), its checkpoint and HF directory, and its weights in buckets."""
 
 import dataclasses
+import os
+import signal
+import time
 
 import pytest
 import ray
 import torch
+from ray.exceptions import RayActorError
 
+from satseq.actors.calls import ActorRestarted
 from satseq.actors.learner import Learner, LearnerSpec, LossSpec, OptimizerSpec, TrustRegionSpec
 from satseq.actors.learner_group import start_learner_group
+from satseq.cluster.faults import RESTARTED_ACTOR
+from satseq.models import load_tokenizer
 from tests.actors.test_learner import trajectories
 
 TOLERANCE = 1e-5
@@ -50,8 +57,9 @@ def group_of_two(ray_cluster):
     """Starts groups of two ranks (two at a time fit the 2-CPU cluster); kills them after."""
     groups = []
 
-    def start(learner_spec):
-        group = start_learner_group(learner_spec, [{"num_cpus": 0.5}, {"num_cpus": 0.5}])
+    def start(learner_spec, restarts=False):
+        options = {"num_cpus": 0.5} | (RESTARTED_ACTOR if restarts else {})
+        group = start_learner_group(learner_spec, [options, options])
         ray.get(group.ready.remote())
         groups.append(group)
         return group
@@ -59,7 +67,7 @@ def group_of_two(ray_cluster):
     yield start
     for group in groups:
         for rank in group.ranks:
-            ray.kill(rank)
+            ray.kill(rank, no_restart=True)
 
 
 @pytest.mark.parametrize("recipe", [SAT_SEQ, GRPO], ids=["sat_seq", "grpo"])
@@ -93,6 +101,35 @@ def test_two_ranks_update_as_one_learner(raw_tiny_model, group_of_two, recipe):
     assert close(ray.get(group.logprobs.remote(batch)), single.logprobs(batch))
     rank_weights = ray.get([rank.weights.remote() for rank in group.ranks])  # a collective
     assert rank_weights[0].keys() == weights.keys() and rank_weights[1] == {}
+
+
+def test_a_rank_restarted_between_calls_is_refused_until_the_group_forms_again(
+    raw_tiny_model, group_of_two
+):
+    """Killed between calls, rank 1 comes back (Ray restarts it) outside the group: the next call
+    fails at once with ActorRestarted, before rank 0 waits in a collective for it, and the
+    group answers as before once `ready` has formed it again."""
+    group = group_of_two(spec(raw_tiny_model), restarts=True)
+    batch = five_trajectories(load_tokenizer(raw_tiny_model))
+    before = ray.get(group.logprobs.remote(batch))
+    rank = group.ranks[1]
+    first = ray.get(rank.incarnation.remote())
+    os.kill(ray.get(rank.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while True:  # until the restarted process answers
+        try:
+            if ray.get(rank.incarnation.remote()) != first:
+                break
+        except RayActorError:
+            pass
+        assert time.monotonic() < deadline, "Ray did not restart rank 1"
+        time.sleep(0.2)
+
+    with pytest.raises(ActorRestarted) as refused:
+        group.logprobs.remote(batch)
+    assert refused.value.actor_id == rank._actor_id.hex()
+    ray.get(group.ready.remote())
+    assert close(ray.get(group.logprobs.remote(batch)), before)
 
 
 def test_a_sharded_checkpoint_resumes_the_group_and_consolidates_to_hf(
