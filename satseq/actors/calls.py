@@ -9,23 +9,8 @@ values. The same code then drives `LearnerActor`s and `RolloutActor`s on a clust
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any, Protocol
-
-PROCESS_ID = uuid.uuid4().hex
-"""This process's identity. Ray restarts a dead actor in a new process under the same actor id,
-so an actor's `incarnation()` (this value) tells its callers whether it is still the one whose
-state they built."""
-
-
-class ActorRestarted(RuntimeError):
-    """An actor Ray restarted since its caller last gave it the run's state: it answers, but
-    from its constructor's state. The coordinator treats it as the actor's loss."""
-
-    def __init__(self, actor_id: str):
-        super().__init__(f"actor {actor_id} was restarted by Ray since its state was last set")
-        self.actor_id = actor_id
 
 
 class ActorCalls(Protocol):

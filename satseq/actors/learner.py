@@ -38,7 +38,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from satseq.actors.calls import PROCESS_ID
 from satseq.actors.forward import (
     PolicyTrunk,
     response_hidden_states,
@@ -46,6 +45,7 @@ from satseq.actors.forward import (
     response_positions,
     scatter_response,
 )
+from satseq.actors.incarnation import PROCESS_ID
 from satseq.actors.residency import Residency, peak_memory_gib, reset_peak_memory
 from satseq.actors.sharding import (
     ShardGroup,

@@ -22,7 +22,7 @@ from typing import Any
 
 import ray
 
-from satseq.actors.calls import ActorRestarted
+from satseq.actors.incarnation import check_not_restarted, incarnations
 from satseq.actors.learner import LearnerRankActor, LearnerSpec
 
 
@@ -56,11 +56,7 @@ class LearnerGroup:
         """Raise ActorRestarted for a rank that Ray restarted since the group formed."""
         if not self.formed:
             raise RuntimeError("the ranks have formed no group yet: call ready() first")
-        formed = ray.get(self.formed)
-        now = ray.get([rank.incarnation.remote() for rank in self.ranks])
-        for rank, before, process in zip(self.ranks, formed, now, strict=True):
-            if before != process:
-                raise ActorRestarted(rank._actor_id.hex())
+        check_not_restarted(incarnations(self.ranks, self.formed), incarnations(self.ranks))
 
 
 class _GroupMethod:

@@ -27,8 +27,9 @@ from typing import Any
 import ray
 import torch
 
-from satseq.actors.calls import PROCESS_ID, ActorCalls, RayCalls
+from satseq.actors.calls import ActorCalls, RayCalls
 from satseq.actors.engines import Engine, EngineKind, make_engine
+from satseq.actors.incarnation import PROCESS_ID
 from satseq.actors.tool_loop import SandboxClient, ToolLoop
 from satseq.actors.trajectory import GenerateFn, Generation, GenerationRequest, SamplingSpec
 from satseq.config.schema import ToolConfig

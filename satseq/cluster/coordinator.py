@@ -17,6 +17,7 @@ import numpy as np
 import ray
 import torch
 
+from satseq.actors.incarnation import check_not_restarted, incarnations
 from satseq.actors.learner_group import learner_actors
 from satseq.cluster import builders
 from satseq.cluster.checkpoint import learner_state_path, load_latest_run_state, save_run_state
@@ -24,9 +25,7 @@ from satseq.cluster.faults import (
     ACTOR_LOSS,
     FaultLog,
     actor_roles,
-    check_not_restarted,
     fault_kind,
-    incarnations,
     wait_until_alive,
 )
 from satseq.cluster.metrics import StageLog
@@ -184,8 +183,10 @@ class Coordinator:
                 )
                 for learner, name in zip(self.runtime.learners, self.runtime.agents, strict=True)
             ]
+        team = self._team_actors()
+        asked = [actor.incarnation.remote() for actor in team]  # each after its actor's writes
         ray.get(writes)
-        now = incarnations(self._team_actors())
+        now = incarnations(team, asked)
         check_not_restarted(self.incarnations, now)
         self.incarnations = now  # a swap's new learner from here on
         state = {

@@ -10,8 +10,8 @@ deterministic function of that state, the retried stage gives the uninterrupted 
 An actor that dies *between* two calls fails no call: Ray restarts it, and the next call reaches
 the new process, which holds its constructor's state (a learner its initial weights, a rollout
 actor its engines' initial weights). So before a stage's checkpoint is completed the coordinator
-asks every actor its `incarnation()` (the id of its process); one that changed since the stage
-began is an `ActorRestarted`, a loss like any other: the stage is retried from its start.
+asks every actor its `incarnation()` (`satseq.actors.incarnation`); one that changed since the
+stage began is an `ActorRestarted`, a loss like any other: the stage is retried from its start.
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError
 
-from satseq.actors.calls import ActorRestarted
+from satseq.actors.incarnation import ActorRestarted
 
 log = logging.getLogger(__name__)
-
 
 ACTOR_LOSS = (RayActorError, ObjectLostError, ActorRestarted)
 """What a call raises when an actor died (or is restarting), or its node and objects are gone,
@@ -101,20 +100,6 @@ def actor_roles(**handles: list[Any]) -> dict[str, str]:
         for handle in group
         if handle
     }
-
-
-def incarnations(actors: list[Any]) -> dict[str, str]:
-    """{actor id (hex): its `incarnation()`, the id of the process it runs in now}."""
-    found = ray.get([actor.incarnation.remote() for actor in actors])
-    return {actor._actor_id.hex(): process for actor, process in zip(actors, found, strict=True)}
-
-
-def check_not_restarted(before: dict[str, str], now: dict[str, str]) -> None:
-    """Raise ActorRestarted for an actor whose process changed from `before` to `now` (actors
-    in only one of them, started or stopped on purpose by a swap, are not compared)."""
-    for actor_id, process in now.items():
-        if before.get(actor_id, process) != process:
-            raise ActorRestarted(actor_id)
 
 
 def wait_until_alive(pings: list[tuple[Any, str]], timeout_s: float = 600.0) -> None:

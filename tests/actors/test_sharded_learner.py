@@ -3,20 +3,17 @@ unsharded learner computes: log-probs, the update with backtracking (SAT-Seq) an
 (GRPO), its checkpoint and HF directory, and its weights in buckets."""
 
 import dataclasses
-import os
-import signal
-import time
 
 import pytest
 import ray
 import torch
-from ray.exceptions import RayActorError
 
-from satseq.actors.calls import ActorRestarted
+from satseq.actors.incarnation import ActorRestarted
 from satseq.actors.learner import Learner, LearnerSpec, LossSpec, OptimizerSpec, TrustRegionSpec
 from satseq.actors.learner_group import start_learner_group
 from satseq.cluster.faults import RESTARTED_ACTOR
 from satseq.models import load_tokenizer
+from tests.actors.restarts import sigkill_until_restarted
 from tests.actors.test_learner import trajectories
 
 TOLERANCE = 1e-5
@@ -113,17 +110,7 @@ def test_a_rank_restarted_between_calls_is_refused_until_the_group_forms_again(
     batch = five_trajectories(load_tokenizer(raw_tiny_model))
     before = ray.get(group.logprobs.remote(batch))
     rank = group.ranks[1]
-    first = ray.get(rank.incarnation.remote())
-    os.kill(ray.get(rank.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
-    deadline = time.monotonic() + 120
-    while True:  # until the restarted process answers
-        try:
-            if ray.get(rank.incarnation.remote()) != first:
-                break
-        except RayActorError:
-            pass
-        assert time.monotonic() < deadline, "Ray did not restart rank 1"
-        time.sleep(0.2)
+    sigkill_until_restarted(rank)
 
     with pytest.raises(ActorRestarted) as refused:
         group.logprobs.remote(batch)

@@ -9,8 +9,6 @@ then changes nothing), and the group forms again after a rollout actor is killed
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 
 import pytest
@@ -36,6 +34,7 @@ from satseq.cluster.runtime import TeamRuntime
 from satseq.data import DEFAULT_PROMPT_FORMAT
 from satseq.models import load_tokenizer
 from satseq.rewards import RewardScorer
+from tests.actors.restarts import sigkill_until_restarted
 
 WEIGHTS = {
     "embed.weight": torch.randn(7, 5).to(torch.bfloat16),
@@ -213,14 +212,7 @@ def test_a_broadcast_leaves_every_engine_as_an_object_store_push_does(team):
 @pytest.mark.slow
 def test_after_a_rollout_actor_is_killed_the_next_push_forms_the_group_again(team):
     tokenizer, rollouts, runtime = team["tokenizer"], team["rollouts"], team["broadcast"]
-    killed = rollouts[1]
-    os.kill(ray.get(killed.__ray_call__.remote(lambda _: os.getpid())), signal.SIGKILL)
-    while True:  # Ray restarts it under the same handle
-        try:
-            ray.get(killed.ready.remote(), timeout=120)
-            break
-        except ray.exceptions.RayActorError:
-            continue
+    sigkill_until_restarted(rollouts[1])
     runtime.forget_weight_transfers()  # what the coordinator does after a loss
 
     train_one_step(team)

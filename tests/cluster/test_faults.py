@@ -1,16 +1,11 @@
 """The fault bookkeeping of `satseq.cluster.faults`: retry bounds, which kind of actor died, and
-which incarnations say an actor was restarted (real restarts: `test_train_faults.py`)."""
+which incarnations (`satseq.actors.incarnation`) say an actor was restarted (real restarts:
+`test_train_faults.py`)."""
 
 import pytest
 
-from satseq.cluster.faults import (
-    ACTOR_LOSS,
-    ActorRestarted,
-    FaultLog,
-    StageFailed,
-    check_not_restarted,
-    fault_kind,
-)
+from satseq.actors.incarnation import ActorRestarted, check_not_restarted
+from satseq.cluster.faults import ACTOR_LOSS, FaultLog, StageFailed, fault_kind
 
 
 def test_a_stage_fails_past_its_retries_naming_what_died():
