@@ -4,9 +4,11 @@ Each mode runs in its own process (so peak memory is its own): `bare` is a plain
 forward + cross-entropy + backward + AdamW loop over full logits, in the same precision as the
 learner (float32 masters, autocast compute); the learner modes are `Learner.update` with one
 step: `exact` (exact vocabulary KL + trust region), `k3` (k3 KL + trust region) and `plain`
-(PPO-clip, no trust region: SPO/GRPO). It prints tokens/s, the ratio to `bare`, MFU on CUDA
-(6N FLOPs per token over --peak-tflops) and peak memory (CUDA: allocated; CPU: the process's
-max RSS), then the cost of one backtrack (snapshot, restore, and the retried step).
+(PPO-clip as GRPO takes it: no trust region, no pass after the step, the behaviour log-probs
+from the step's own forward). It prints tokens/s, the ratio to `bare`, MFU on CUDA (6N FLOPs
+per token over --peak-tflops) and peak memory (CUDA: allocated; CPU: the process's max RSS),
+then the cost of one backtrack (snapshot, restore, and the retried step). The workload is
+`learner_workload`'s, as `gpu_sheet.py`'s, which measures all of this on a GPU in one command.
 Not a timed test: it prints numbers.
 
     .venv/bin/python bench/bench_learner.py                      # CPU, a 16M model, vocab 49k
@@ -19,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,87 +28,25 @@ import time
 from pathlib import Path
 
 import torch
+from learner_workload import (
+    SIZES,
+    bare_step,
+    build_model,
+    learner_spec,
+    random_trajectories,
+    synchronize,
+)
 
-SIZES = {  # Qwen2 shapes; vocabularies as large as real models', where the memory goes
-    "small": dict(
-        hidden_size=256,
-        intermediate_size=1024,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=49152,
-    ),
-    "0.5b": dict(  # Qwen2-0.5B
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-    ),
-}
 MODES = ("bare", "exact", "k3", "plain")
 
 
-def build_model(size: str, directory: Path) -> str:
-    """A random-init Qwen2 of `size` with the tiny model's tokenizer (ids are random anyway)."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-
-    from satseq.models import build_tiny_model
-
-    tiny = build_tiny_model(directory / "tiny", warm_start_steps=1)
-    torch.manual_seed(0)
-    config = Qwen2Config(**SIZES[size], tie_word_embeddings=True, max_position_embeddings=4096)
-    Qwen2ForCausalLM(config).save_pretrained(directory / size)
-    AutoTokenizer.from_pretrained(tiny).save_pretrained(directory / size)
-    shutil.rmtree(tiny)
-    return str(directory / size)
-
-
-def random_trajectories(args, vocab: int):
-    from satseq.actors.trajectory import Trajectory
-
-    g = torch.Generator().manual_seed(0)
-    P, R = args.prompt_len, args.response_len
-    return [
-        Trajectory(
-            i,
-            torch.randint(5, vocab, (P,), generator=g).tolist(),
-            torch.randint(5, vocab, (R,), generator=g).tolist(),
-            [1] * R,
-            [0] * R,
-            "length",
-        )
-        for i in range(args.sequences)
-    ]
-
-
 def make_learner(args, path: str, mode: str):
-    from satseq.actors.learner import (
-        Learner,
-        LearnerSpec,
-        LossSpec,
-        OptimizerSpec,
-        TrustRegionSpec,
-    )
+    from satseq.actors.learner import Learner, OptimizerSpec
 
-    losses = {
-        "exact": LossSpec(),
-        "k3": LossSpec(),
-        "plain": LossSpec(ratio="token", aggregation="token_mean"),
-        "bare": LossSpec(),
-    }
     return Learner(
-        LearnerSpec(
-            model_path=path,
-            agent_index=0,
-            loss=losses[mode],
-            # a target no step reaches: each update is one accepted step, timed alike
-            trust_region=TrustRegionSpec(
-                enabled=mode in ("exact", "k3"),
-                target_kl=1e9,
-                kl_estimator="exact" if mode in ("exact", "bare") else "k3",
-            ),
+        learner_spec(
+            "plain" if mode == "bare" else mode,
+            path,
             optimizer=OptimizerSpec(lr=1e-6),
             dtype=args.dtype,
             device=args.device,
@@ -117,41 +56,21 @@ def make_learner(args, path: str, mode: str):
     )
 
 
-def bare_step(learner, trajectories) -> None:
-    """Forward over full logits [n, L, V], cross-entropy on the response, backward, AdamW."""
-    learner.optimizer.zero_grad(set_to_none=True)
-    for _, batch in learner._micro_batches(trajectories):
-        with learner.autocast():
-            logits = learner.model(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask
-            ).logits
-        targets = batch.input_ids[:, 1:].masked_fill(batch.attention_mask[:, 1:] == 0, -100)
-        loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100
-        )
-        (loss * len(batch.input_ids) / len(trajectories)).backward()
-    torch.nn.utils.clip_grad_norm_(learner.model.parameters(), 1.0)
-    learner.optimizer.step()
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def worker(args, path: str, mode: str) -> dict:
     """One mode in this process: seconds per step, peak memory, and the backtrack costs."""
     learner = make_learner(args, path, mode)
-    trajectories = random_trajectories(args, learner.model.config.vocab_size)
+    vocab = learner.policy.model.config.vocab_size
+    trajectories = random_trajectories(args.sequences, args.prompt_len, args.response_len, vocab)
     A = torch.linspace(-1, 1, len(trajectories))
     c = torch.ones(len(trajectories))
-    logp_cur = learner.logprobs(trajectories)
+    # SAT-Seq's modes get logp_cur from a separate pass; GRPO's takes it in its first forward
+    logp_cur = None if mode == "plain" else learner.logprobs(trajectories)
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
 
     def step():
         if mode == "bare":
-            bare_step(learner, trajectories)
+            bare_step(learner.policy, trajectories)
         else:
             learner.update(trajectories, logp_cur, A, c)
 
@@ -168,18 +87,16 @@ def worker(args, path: str, mode: str) -> dict:
         peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB → GiB
     result = {"mode": mode, "seconds": seconds, "peak_gib": peak_gib}
     if mode == "exact":  # a backtrack = restore the snapshot, then retry the step
-        from satseq.algo.trust_region import restore_training_state, snapshot_training_state
-
         started = time.perf_counter()
-        snapshot = snapshot_training_state(learner.model, learner.optimizer, learner.snapshot)
+        snapshot = learner.policy.save_snapshot()
         synchronize(args.device)
         result["snapshot_s"] = time.perf_counter() - started
         started = time.perf_counter()
-        restore_training_state(learner.model, learner.optimizer, snapshot)
+        learner.policy.restore(snapshot)
         synchronize(args.device)
         result["restore_s"] = time.perf_counter() - started
         result["snapshot_gib"] = snapshot.nbytes / 2**30
-    result["parameters"] = sum(p.numel() for p in learner.model.parameters())
+    result["parameters"] = sum(p.numel() for p in learner.policy.model.parameters())
     return result
 
 
@@ -204,7 +121,7 @@ def main() -> None:
         return
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_model(args.size, Path(tmp))
+        path = build_model(args.size, Path(tmp), args.device)
         results = {}
         for mode in args.modes.split(","):
             command = [sys.executable, __file__, *sys.argv[1:], "--worker", mode, "--model", path]

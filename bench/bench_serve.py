@@ -40,7 +40,7 @@ from satseq.actors.trajectory import SamplingSpec
 from satseq.config import load_config
 from satseq.data import make_split, prompt_ids
 from satseq.evaluation import team_vote
-from satseq.launch import builders
+from satseq.launch.settings import prompt_format, reward_scorer
 from satseq.models import resolve_model_path
 from satseq.serving.agent import AgentModel
 from satseq.serving.app import start_server
@@ -64,8 +64,8 @@ class DirectTeam:
     """The served team's work, in this process, on the same engines and settings."""
 
     def __init__(self, team_dir: Path, config, spec: SamplingSpec) -> None:
-        self.scorer = builders.reward_scorer(config)
-        self.prompt_format = builders.prompt_format(config)
+        self.scorer = reward_scorer(config)
+        self.prompt_format = prompt_format(config)
         self.spec = spec
         self.agents = {
             name: AgentModel(str(team_dir / name), self.scorer, "hf", {"num_threads": 1}, k)

@@ -58,7 +58,7 @@ def common_settings(prompts_per_stage: int, stages: int, seed: int) -> list[str]
         "trainer.save_every": stages,
         "trainer.seed": seed,
         "trainer.lr": 1e-4,  # plain PPO steps (no trust region), one a stage
-        "trainer.update_steps": 1,
+        "trainer.ppo_epochs": 1,
         "output.tensorboard": "false",
     }
     return [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]

@@ -1,10 +1,13 @@
-"""Weight sync (`TeamRuntime.push_weights`), on Ray: a learner (W ranks) pushes its weights
+"""Weight sync (`TeamRuntime.weight_sync`), on Ray: a learner (W ranks) pushes its weights
 to the rollout actors' engines bucket by bucket, through the object store or broadcast over a
 collective (`rollout.weight_sync`; gloo on the CPU, NCCL on GPUs). Prints seconds per push and
-per GB for several bucket sizes, and the push as a share of a stage.
+per GB for several bucket sizes, and the push as a share of a stage. Then a LoRA agent's push
+(DESIGN §12): its adapter alone, one bucket through the object store into the engine it shares
+with the other LoRA agents, as a new adapter version (`--lora-ranks`).
 
     python bench/bench_weight_sync.py                       # SmolLM2-135M, vLLM, W = 1 and 2
     python bench/bench_weight_sync.py --model builtin:tiny-carry-0 --engine hf
+    python bench/bench_weight_sync.py --workers 1 --paths object_store --lora-ranks 16 64
 
 The baseline measured in the same run is the object store's largest bucket (the whole model in
 one bucket, what the sync sent before buckets existed).
@@ -18,10 +21,11 @@ import time
 
 import ray
 
-from satseq.actors.learner_group import learner_actors
+from satseq.actors.learner import Learner
+from satseq.actors.learner.group import learner_actors
 from satseq.actors.weight_transfer import bucket_plan
 from satseq.cluster.recipes import RECIPES
-from satseq.cluster.runtime import start_on_ray
+from satseq.cluster.team import start_on_ray
 from satseq.config import QUICKSTART, load_config
 
 GIB = 2**30
@@ -36,14 +40,17 @@ def main() -> None:
     parser.add_argument("--paths", nargs="+", default=["object_store", "collective"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--stage-s", type=float, default=60.0, help="a stage, for the share")
+    parser.add_argument("--lora-ranks", type=int, nargs="*", default=[16])
     args = parser.parse_args()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     print(f"model {args.model}, engine {args.engine}, {args.repeats} pushes each")
     print("| W | path | bucket MiB | buckets | GB | s per push | s per GB | vs baseline |")
     print("|---|---|---|---|---|---|---|---|")
     paths = args.paths if args.engine == "vllm" else ["object_store"]
     baseline = None
-    for workers, path in ((w, p) for w in args.workers for p in paths):
+    cases = [(w, p, None) for w in args.workers for p in paths]
+    cases += [(1, "object_store", rank) for rank in args.lora_ranks]
+    for workers, path, rank in cases:
         config = load_config(
             QUICKSTART,
             [
@@ -54,31 +61,35 @@ def main() -> None:
                 f"rollout.resources.num_cpus={1 / (workers + 1)}",
                 "rollout.num_actors=1",
                 f"rollout.weight_sync={path}",
+                *([f"trainer.lora.rank={rank}"] if rank else []),
             ],
         )
         runtime = start_on_ray(config, RECIPES["sat_seq"].learner_settings(config))
         learner = runtime.learners[0]
-        for bucket_mb in sorted(args.bucket_mb, reverse=True):
+        sizes = sorted(args.bucket_mb, reverse=True)
+        for bucket_mb in sizes[:1] if rank else sizes:  # an adapter goes in one bucket
             buckets = [
-                ray.get(ref) for ref in runtime.calls.stream(learner, "weight_buckets", bucket_mb)
+                ray.get(ref)
+                for ref in runtime.calls.stream(learner, Learner.weight_buckets, bucket_mb)
             ]
             size = sum(t.nbytes for bucket in buckets for t in bucket.values()) / 1e9
-            runtime.bucket_mb = bucket_mb
-            runtime.forget_weight_transfers()  # a collective's group forms again, at this size
+            runtime.weight_sync.bucket_mb = bucket_mb
+            runtime.weight_sync.forget()  # a collective's group forms again, at this size
             seconds = []
             for _ in range(args.repeats + 1):
                 started = time.perf_counter()
-                runtime.push_weights(0)
+                runtime.weight_sync.push(0)
                 seconds.append(time.perf_counter() - started)
             push = statistics.median(seconds[1:])  # the first push warms up
             count = (  # a collective cuts its buckets from the manifest
-                len(bucket_plan(runtime.transfer_manifests[0], int(bucket_mb * 2**20)))
+                len(bucket_plan(runtime.weight_sync.manifests[0], int(bucket_mb * 2**20)))
                 if path == "collective"
                 else len(buckets)
             )
             baseline = baseline or push
+            what = f"{path}, adapter r{rank}" if rank else path
             print(
-                f"| {workers} | {path} | {bucket_mb:g} | {count} | {size:.3f} | {push:.3f} "
+                f"| {workers} | {what} | {bucket_mb:g} | {count} | {size:.3f} | {push:.3f} "
                 f"| {push / size:.2f} | {push / baseline:.2f}x |"
             )
         for actor in [*runtime.rollouts, *learner_actors(learner)]:

@@ -24,8 +24,22 @@ least --kv-cache-gb to spare for the engines' KV cache:
                   log-probs: the n learners' forward copies at once, the engines asleep;
                   generation: n engines + their KV cache
 
+LoRA agents (DESIGN §12), n adapters of rank r on one base, a = r · Σ (in + out) over the
+adapted linear layers (all-linear) parameters each:
+
+    learners' base                b · Ψ once (`--lora-bases 1`: the learners share it) or n times
+                                  (each learner process its own copy)
+    each learner's adapter        16 · a resident (float32 master, gradient, AdamW moments), its
+                                  snapshot 4 · a in host memory; the base is never offloaded
+    the engine                    b · Ψ + n · b · a, one for the n agents, asleep in updates
+
+    update                        bases + n adapters + the working set (the engine asleep)
+    log-probs                     bases + n adapters (the engine asleep)
+    generation                    bases + n adapters + the engine, and its KV cache
+
     python bench/colocate_memory.py                # the README table
     python bench/colocate_memory.py --gpu-gb 141 --agents 1 3 5
+    python bench/colocate_memory.py --gpu-gb 24 --agents 3 --lora-rank 16   # LoRA teams
 """
 
 from __future__ import annotations
@@ -102,6 +116,32 @@ def team_memory(shape: Shape, n: int, args: argparse.Namespace) -> dict[str, flo
     }
 
 
+def adapter_parameters(shape: Shape, rank: int) -> int:
+    """a: a rank-r adapter on every linear layer of the decoder (all-linear)."""
+    H, F = shape.hidden, shape.intermediate
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    per_layer = (H + q) * 2 + (H + kv) * 2 + (H + F) * 3  # q, o; k, v; gate, up, down
+    return rank * shape.layers * per_layer
+
+
+def lora_team_memory(
+    shape: Shape, n: int, rank: int, bases: int, args: argparse.Namespace
+) -> dict[str, float]:
+    """GB of each phase of n LoRA agents on one GPU, the learners holding `bases` copies of the
+    base (1: shared; n: one per learner process), the engine asleep but in generation."""
+    b = 2
+    total, _ = shape.parameters()
+    a = adapter_parameters(shape, rank)
+    learners = bases * b * total + n * 16 * a
+    engine = b * total + n * b * a
+    return {
+        "adapter_m": a / 1e6,
+        "update": (learners + update_working_set(shape, args, b)) / GB,
+        "logprobs": learners / GB,
+        "generation": (learners + engine) / GB,
+    }
+
+
 def workload_parser(description: str) -> argparse.ArgumentParser:
     """The GPU and the update's workload, as every memory table here takes them."""
     parser = argparse.ArgumentParser(description=description)
@@ -119,6 +159,7 @@ def main() -> None:
     parser = workload_parser(__doc__.splitlines()[0])
     parser.add_argument("--kv-cache-gb", type=float, default=4.0, help="the least that fits")
     parser.add_argument("--agents", type=int, nargs="+", default=[1, 3])
+    parser.add_argument("--lora-rank", type=int, default=None, help="also the LoRA teams' table")
     args = parser.parse_args()
 
     def fits(*phases: float) -> str:
@@ -141,6 +182,29 @@ def main() -> None:
                 f"| {fits(m['offload_update'], m['offload_logprobs'], m['offload_generation'])} "
                 f"| {m['host_none']:.0f} / {m['host_offload']:.0f} |"
             )
+    if args.lora_rank:
+        print_lora_table(args, fits)
+
+
+def print_lora_table(args: argparse.Namespace, fits) -> None:
+    """n LoRA agents of rank `--lora-rank` on one base against n full agents (idle_agents)."""
+    print(f"\nLoRA agents of rank {args.lora_rank}, one engine; GB per phase")
+    print(
+        "| model | n | adapter M | full agents: update / log-probs / generation | fits "
+        "| LoRA, one base per learner | fits | LoRA, one base shared | fits |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for shape in MODELS:
+        for n in args.agents:
+            full = team_memory(shape, n, args)
+            phases = [full["offload_update"], full["offload_logprobs"], full["offload_generation"]]
+            cells = [" / ".join(f"{p:.1f}" for p in phases), fits(*phases)]
+            for bases in (n, 1):
+                lora = lora_team_memory(shape, n, args.lora_rank, bases, args)
+                phases = [lora["update"], lora["logprobs"], lora["generation"]]
+                cells += [" / ".join(f"{p:.1f}" for p in phases), fits(*phases)]
+            adapter = lora_team_memory(shape, n, args.lora_rank, 1, args)["adapter_m"]
+            print(f"| {shape.name} | {n} | {adapter:.0f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

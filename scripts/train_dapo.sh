@@ -4,6 +4,10 @@
 # Environment (each optional; an unset one keeps the config's value):
 #   NUM_STAGES                      trainer.stages
 #   TRAIN_BATCH_SIZE                trainer.batch_size (prompts per stage)
+#   PPO_MINI_BATCH_SIZE             trainer.mini_batch_size, converted: verl counts it in prompts,
+#                                   each with its responses, satseq in trajectories, so it is
+#                                   PPO_MINI_BATCH_SIZE × the config's sat_seq.group_size
+#   PPO_EPOCHS                      trainer.ppo_epochs: passes over a stage's batch
 #   AGENT1_PATH, AGENT2_PATH, ...   model of the 1st, 2nd, ... agent (sat_seq.agents.<i-1>.path):
 #                                   a local HF model directory or a hub name
 #   CONFIG                          the config file (default: configs/sat_seq.yaml of this repo)
@@ -14,7 +18,8 @@
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-command=(satseq train "${CONFIG:-$repo_root/configs/sat_seq.yaml}")
+config="${CONFIG:-$repo_root/configs/sat_seq.yaml}"
+command=(satseq train "$config")
 
 if [[ -n "${NUM_STAGES:-}" ]]; then
   command+=(--set "trainer.stages=$NUM_STAGES")
@@ -31,6 +36,13 @@ for variable in $(compgen -e | grep -E '^AGENT[0-9]+_PATH$' | sort -V || true); 
   fi
   command+=(--set "sat_seq.agents.$((10#$number - 1)).path=${!variable}")
 done
+if [[ -n "${PPO_MINI_BATCH_SIZE:-}" ]]; then
+  group_size="$(satseq config show "$config" --key sat_seq.group_size)"
+  command+=(--set "trainer.mini_batch_size=$((PPO_MINI_BATCH_SIZE * group_size))")
+fi
+if [[ -n "${PPO_EPOCHS:-}" ]]; then
+  command+=(--set "trainer.ppo_epochs=$PPO_EPOCHS")
+fi
 if [[ -n "${OUTPUT_DIR:-}" ]]; then
   command+=(--output-dir "$OUTPUT_DIR")
 fi

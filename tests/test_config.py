@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from satseq.cluster.builders import learner_spec
+from satseq.cluster.learner_specs import learner_spec
 from satseq.cluster.recipes.sat_seq import SatSeqRecipe
 from satseq.config import CONFIG_DIR, ConfigError, apply_override, dump_config, load_config
 

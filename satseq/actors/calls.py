@@ -5,20 +5,24 @@ may be passed on as an argument of another call (with Ray, an object ref: the va
 between actors without passing through the caller); `wait(pending)` turns pending results into
 values. The same code then drives `LearnerActor`s and `RolloutActor`s on a cluster, or plain
 `Learner` and `RolloutWorker` objects in one process (fast tests, benchmarks).
+
+`method` is the method itself, taken from its class (`Learner.update`), not its name as a
+string: a reader and a tool go from the call to its definition. It is called by its name on the
+handle, so a Ray actor handle or anything that answers the same names (`LearnerGroup`) serves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 
 class ActorCalls(Protocol):
-    def start(self, handle: Any, method: str, *args: Any) -> Any: ...
+    def start(self, handle: Any, method: Callable, *args: Any) -> Any: ...
 
     def wait(self, pending: list[Any]) -> list[Any]: ...
 
-    def stream(self, handle: Any, method: str, *args: Any) -> Iterator[Any]:
+    def stream(self, handle: Any, method: Callable, *args: Any) -> Iterator[Any]:
         """`handle.method(*args)`, a generator, as pending results, each as it is yielded."""
         ...
 
@@ -27,28 +31,28 @@ class RayCalls:
     """Calls to Ray actors: `actor.method.remote(*args)`, then `ray.get`; calls started
     together run in parallel."""
 
-    def start(self, handle: Any, method: str, *args: Any) -> Any:
-        return getattr(handle, method).remote(*args)
+    def start(self, handle: Any, method: Callable, *args: Any) -> Any:
+        return getattr(handle, method.__name__).remote(*args)
 
     def wait(self, pending: list[Any]) -> list[Any]:
         import ray
 
         return ray.get(pending)
 
-    def stream(self, handle: Any, method: str, *args: Any) -> Iterator[Any]:
+    def stream(self, handle: Any, method: Callable, *args: Any) -> Iterator[Any]:
         # at most two yielded values wait in the object store for the caller to take them
         options = {"num_returns": "streaming", "_generator_backpressure_num_objects": 2}
-        return iter(getattr(handle, method).options(**options).remote(*args))
+        return iter(getattr(handle, method.__name__).options(**options).remote(*args))
 
 
 class InProcessCalls:
     """Calls to plain objects in this process: each call runs when it is started."""
 
-    def start(self, handle: Any, method: str, *args: Any) -> Any:
-        return getattr(handle, method)(*args)
+    def start(self, handle: Any, method: Callable, *args: Any) -> Any:
+        return getattr(handle, method.__name__)(*args)
 
     def wait(self, pending: list[Any]) -> list[Any]:
         return list(pending)
 
-    def stream(self, handle: Any, method: str, *args: Any) -> Iterator[Any]:
-        return iter(getattr(handle, method)(*args))
+    def stream(self, handle: Any, method: Callable, *args: Any) -> Iterator[Any]:
+        return iter(getattr(handle, method.__name__)(*args))

@@ -9,36 +9,43 @@ from __future__ import annotations
 
 import torch
 
+from satseq.actors.prompt_packing import pack_shared_prompts
 from satseq.actors.trajectory import PaddedBatch
 from satseq.algo.lm_head import DEFAULT_CHUNK_TOKENS, OutputLayer, chunked_logprobs_and_kl
 
 
-def output_layer(model: torch.nn.Module) -> OutputLayer:
-    """The model's output projection (its lm_head) as tensors."""
+def output_layer(model: torch.nn.Module, float32_logits: bool = True) -> OutputLayer:
+    """The model's output projection (its lm_head) as tensors; float32_logits: its matmul in
+    float32 under autocast (`trainer.fp32_head`)."""
     head = model.get_output_embeddings()
     if getattr(model.config, "final_logit_softcapping", None):
         raise ValueError(
             f"{type(model).__name__} soft-caps its logits; the learner's chunked log-probs "
             "implement a plain linear output layer only"
         )
-    return OutputLayer(head.weight, head.bias)
+    return OutputLayer(head.weight, head.bias, float32_logits)
 
 
 class PolicyTrunk(torch.nn.Module):
     """A causal LM without its logits: forward returns the last hidden states [N, L, H] and
     the output layer, which the caller applies chunk by chunk. The output layer comes out of
     the forward so that a sharded model (FSDP2, `satseq.actors.sharding`) hands over its
-    gathered weights, which its backward then reduces."""
+    gathered weights, which its backward then reduces. fp32_head: the output layer computes
+    its logits in float32 (`satseq.algo.lm_head.OutputLayer.float32_logits`)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, fp32_head: bool = True):
         super().__init__()
         self.model = model
+        self.fp32_head = fp32_head
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         hidden = self.model.base_model(
-            input_ids=input_ids, attention_mask=attention_mask
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).last_hidden_state
         layer = output_layer(self.model)
         return hidden, layer.weight, layer.bias
@@ -48,7 +55,14 @@ def response_hidden_states(
     trunk: PolicyTrunk, batch: PaddedBatch
 ) -> tuple[torch.Tensor, OutputLayer]:
     """The last hidden state of each state s_t, before response token t is chosen, [N, T, H]
-    (what the output layer and a value head V(s_t) read), and the output layer."""
+    (what the output layer and a value head V(s_t) read), and the output layer. Rows that
+    share a prompt run packed, the prompt once (`satseq.actors.prompt_packing`), where that
+    saves compute."""
+    packed = pack_shared_prompts(batch, trunk.model.config)
+    if packed is not None:
+        hidden, weight, bias = trunk(packed.input_ids, packed.attention_mask, packed.position_ids)
+        states = hidden[packed.state_rows, packed.state_positions]
+        return states, OutputLayer(weight, bias, trunk.fp32_head)
     hidden, weight, bias = trunk(batch.input_ids, batch.attention_mask)
     N, L, H = hidden.shape
     T = batch.response_ids.shape[1]
@@ -56,7 +70,8 @@ def response_hidden_states(
     # state before response token t is position response_start + t − 1
     offsets = torch.arange(T, device=batch.response_start.device)
     positions = (batch.response_start.unsqueeze(1) - 1 + offsets).clamp(0, L - 1)
-    return hidden.gather(1, positions.unsqueeze(-1).expand(N, T, H)), OutputLayer(weight, bias)
+    layer = OutputLayer(weight, bias, trunk.fp32_head)
+    return hidden.gather(1, positions.unsqueeze(-1).expand(N, T, H)), layer
 
 
 def response_positions(batch: PaddedBatch) -> torch.Tensor:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import ray
-
 PROCESS_ID = uuid.uuid4().hex
 """This process's identity: what an actor's `incarnation()` answers."""
 
@@ -30,6 +28,8 @@ class ActorRestarted(RuntimeError):
 def incarnations(actors: list[Any], asked: list[Any] | None = None) -> dict[str, str]:
     """{actor id (hex): its `incarnation()`}, asked now, or `asked`: the pending answers of an
     earlier `incarnation()` call to each actor."""
+    import ray  # here: the learner imports this module, and imports without Ray
+
     found = ray.get(asked if asked is not None else [a.incarnation.remote() for a in actors])
     return {actor._actor_id.hex(): process for actor, process in zip(actors, found, strict=True)}
 

@@ -1,4 +1,5 @@
-"""The rollout actor: one inference engine per agent, in one process (DESIGN §3 step 2).
+"""The rollout actor: one inference engine per agent, in one process (DESIGN §3 step 2); the
+LoRA agents on one base share one engine (`satseq.actors.engines.lora`, DESIGN §12).
 
 `RolloutWorker` is the plain class, usable in-process; `RolloutActor` is the same class as a
 Ray actor. Give each actor a readable name in the Ray dashboard and logs when starting it:
@@ -28,20 +29,22 @@ import ray
 import torch
 
 from satseq.actors.calls import ActorCalls, RayCalls
-from satseq.actors.engines import Engine, EngineKind, make_engine
+from satseq.actors.engines import Engine, EngineKind
+from satseq.actors.engines.lora import LoraAgentEngine, replace_engine, team_engines
 from satseq.actors.incarnation import PROCESS_ID
 from satseq.actors.tool_loop import SandboxClient, ToolLoop
 from satseq.actors.trajectory import GenerateFn, Generation, GenerationRequest, SamplingSpec
 from satseq.config.schema import ToolConfig
 from satseq.models import load_tokenizer
 from satseq.rewards import RewardScorer
+from satseq.seeds import agent_seed, call_seed, worker_seed
 
 
 class RolloutWorker:
     """Samples from each agent's current policy and takes each agent's new weights.
 
-    Agent k's engine is seeded `seed + k` (k in `agent_paths` order), so agents that start
-    from the same checkpoint still draw different samples.
+    Agent k's engine is seeded `agent_seed(seed, k)` (k in `agent_paths` order), so agents that
+    start from the same checkpoint still draw different samples.
     """
 
     def __init__(
@@ -61,11 +64,10 @@ class RolloutWorker:
             raise ValueError("tool-augmented rollouts need a sandbox to run the model's code")
         self.engine_kind = engine
         self.engine_options = engine_options or {}
-        self.seeds = {name: seed + k for k, name in enumerate(agent_paths)}
-        self.engines: dict[str, Engine] = {
-            name: make_engine(engine, path, seed=self.seeds[name], **self.engine_options)
-            for name, path in agent_paths.items()
-        }
+        self.seeds = {name: agent_seed(seed, k) for k, name in enumerate(agent_paths)}
+        self.engines: dict[str, Engine] = team_engines(
+            engine, agent_paths, self.seeds, self.engine_options
+        )
         self.tokenizers = {name: load_tokenizer(path) for name, path in agent_paths.items()}
         self.asleep = False
         self.pending_weights: dict[str, list[dict[str, torch.Tensor]]] = {}  # pushed while asleep
@@ -94,28 +96,37 @@ class RolloutWorker:
     ) -> list[list[Generation]]:
         """result[r] holds the n samples of requests[r] (scored where it has a reference).
 
-        Requests go to their agent's engine in one call per (agent, n), in first-seen order;
-        with tools, to their agent's tool loop in one call per agent (the loop takes each
-        prompt's own n). With `spec.seed` set, the k-th such call is seeded `spec.seed + k`, so
-        calls do not share random draws and the same requests with the same seed give the same
-        samples.
+        Requests go to their agent's engine in one call per (engine, n), in first-seen order (the
+        LoRA agents sharing an engine in one call, each prompt with its agent's adapter); with
+        tools, to their agent's tool loop in one call per agent (the loop takes each prompt's
+        own n). With `spec.seed` set, the k-th such call is seeded
+        `call_seed(spec.seed, k)`, so calls do not share random draws and the same requests with
+        the same seed give the same samples.
         """
         if self.asleep:
             raise RuntimeError("the rollout worker is asleep: call wake_up() before generate()")
         requests = [GenerationRequest(*request) for request in requests]
-        groups: dict[tuple[str, int | None], list[int]] = defaultdict(list)
+        groups: dict[tuple[Any, int | None], list[int]] = defaultdict(list)
         for index, request in enumerate(requests):
-            groups[(request.agent, None if self.tool_loops else request.n)].append(index)
+            engine = self._engine(request.agent)
+            if self.tool_loops:
+                groups[(request.agent, None)].append(index)
+            elif isinstance(engine, LoraAgentEngine):
+                groups[(engine.shared, request.n)].append(index)
+            else:
+                groups[(request.agent, request.n)].append(index)
         results: list[list[Generation]] = [[] for _ in requests]
-        for k, ((agent, n), indices) in enumerate(groups.items()):
-            call_spec = spec if spec.seed is None else replace(spec, seed=spec.seed + k)
+        for k, ((target, n), indices) in enumerate(groups.items()):
+            call_spec = replace(spec, seed=call_seed(spec.seed, k))
             prompts = [requests[index].prompt_ids for index in indices]
-            engine = self._engine(agent)
             if n is None:
                 counts = [requests[index].n for index in indices]
-                samples = self.tool_loops[agent].generate(prompts, call_spec, counts)
-            else:
-                samples = engine.generate(prompts, call_spec, n)
+                samples = self.tool_loops[target].generate(prompts, call_spec, counts)
+            elif isinstance(target, str):
+                samples = self.engines[target].generate(prompts, call_spec, n)
+            else:  # LoRA agents on one engine: each prompt with its agent's adapter
+                adapters = [requests[index].agent for index in indices]
+                samples = target.engine.generate(prompts, call_spec, n, adapters=adapters)
             for index, request_samples in zip(indices, samples, strict=True):
                 results[index] = request_samples
         return self._scored(requests, results)
@@ -205,10 +216,14 @@ class RolloutWorker:
     def replace_agent(self, agent_name: str, path: str) -> None:
         """A swap: `agent_name`'s engine (and tool loop) rebuilt on the model at `path`, with the
         agent's seed; the old engine is closed. Its weights then come from the new learner."""
-        old = self._engine(agent_name)
-        old.close()
-        self.engines[agent_name] = make_engine(
-            self.engine_kind, path, seed=self.seeds[agent_name], **self.engine_options
+        self._engine(agent_name)  # an unknown agent fails here
+        self.engines[agent_name] = replace_engine(
+            self.engines,
+            self.engine_kind,
+            agent_name,
+            path,
+            self.seeds[agent_name],
+            self.engine_options,
         )
         self.pending_weights.pop(agent_name, None)  # the old model's
         if self.asleep:
@@ -237,8 +252,6 @@ class RolloutWorker:
 
 RolloutActor = ray.remote(RolloutWorker)
 
-ACTOR_SEED_STRIDE = 7919  # worker j samples with spec.seed + 7919·j: no two share random draws
-
 
 def spread_requests(workers: list, calls: ActorCalls | None = None) -> GenerateFn:
     """A `generate(requests, spec)` that deals requests round-robin over rollout workers (Ray
@@ -248,13 +261,10 @@ def spread_requests(workers: list, calls: ActorCalls | None = None) -> GenerateF
 
     def generate(requests: list[GenerationRequest], spec: SamplingSpec) -> list[list[Generation]]:
         n = len(workers)
-        specs = [
-            spec if spec.seed is None else replace(spec, seed=spec.seed + ACTOR_SEED_STRIDE * j)
-            for j in range(n)
-        ]
+        specs = [replace(spec, seed=worker_seed(spec.seed, j)) for j in range(n)]
         shards = calls.wait(
             [
-                calls.start(worker, "generate", requests[j::n], specs[j])
+                calls.start(worker, RolloutWorker.generate, requests[j::n], specs[j])
                 for j, worker in enumerate(workers)
             ]
         )

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,10 +45,7 @@ from satseq.actors.tool_text import (
 from satseq.actors.trajectory import Generation, SamplingSpec
 from satseq.config.schema import ToolConfig
 from satseq.sandbox.types import ExecutionRequest, ExecutionResult, Status
-
-# Turn t of a seeded call is seeded `spec.seed + t * TURN_SEED_STRIDE`, so turns do not reuse
-# the first turn's random draws.
-TURN_SEED_STRIDE = 1_000_003
+from satseq.seeds import turn_seed
 
 
 class SandboxClient:
@@ -135,10 +132,16 @@ class ToolRollout:
     tool_statuses: list[str] = field(default_factory=list)
     # The sum over the model's tokens, while every turn's engine reported it for all it kept.
     logprob: float | None = 0.0
+    # Each token's log-prob under the sampling distribution (0 on tool output), when asked for.
+    token_logprobs: list[float] | None = None
 
-    def append(self, token_ids: list[int], written_by_model: bool) -> None:
+    def append(
+        self, token_ids: list[int], written_by_model: bool, logprobs: list[float] | None = None
+    ) -> None:
         self.response_ids.extend(token_ids)
         self.response_mask.extend([int(written_by_model)] * len(token_ids))
+        if self.token_logprobs is not None:
+            self.token_logprobs.extend(logprobs or [0.0] * len(token_ids))
 
     def terminate(self, finish_reason: str) -> None:
         self.state = SampleState.TERMINATED
@@ -151,6 +154,7 @@ class ToolRollout:
             self.finish_reason,
             response_mask=self.response_mask,
             logprob=self.logprob,
+            token_logprobs=self.token_logprobs,
             meta={
                 "tool_calls": len(self.tool_statuses),
                 "turns": self.turns,
@@ -183,7 +187,7 @@ class ToolLoop:
     ) -> list[list[Generation]]:
         """counts[i] samples for prompts[i]: result[i][j] is prompt i's j-th sample."""
         rollouts = [
-            ToolRollout(list(prompt))
+            ToolRollout(list(prompt), token_logprobs=[] if spec.behaviour_logprobs else None)
             for prompt, n in zip(prompts, counts, strict=True)
             for _ in range(n)
         ]
@@ -194,7 +198,7 @@ class ToolLoop:
             active = [r for r in rollouts if r.state is SampleState.GENERATING]
             if not active:
                 break
-            seed = None if spec.seed is None else spec.seed + turn * TURN_SEED_STRIDE
+            seed = turn_seed(spec.seed, turn)
             self._generate_turn(active, replace(spec, stop=stop, seed=seed))
             self._process_tools(
                 [r for r in active if r.state is SampleState.PROCESSING_TOOLS], spec
@@ -218,7 +222,8 @@ class ToolLoop:
             1,
         )
         for rollout, budget, (sample,) in zip(active, budgets, samples, strict=True):
-            rollout.append(sample.token_ids[:budget], written_by_model=True)
+            logprobs = sample.token_logprobs[:budget] if sample.token_logprobs else None
+            rollout.append(sample.token_ids[:budget], True, logprobs)
             rollout.turns += 1
             cut = len(sample.token_ids) > budget
             if rollout.logprob is not None:
@@ -295,23 +300,3 @@ def tool_turns(generation: Generation, decode: Callable[[list[int]], str]) -> li
         else:
             turns[-1] = replace(turns[-1], interpreter=text)
     return turns
-
-
-def tool_usage(tool_calls: Sequence[int], statuses: dict[str, int]) -> dict[str, Any]:
-    """How much samples used the sandbox, as training logs it per stage and `satseq eval`
-    writes it to summary.json.
-
-    Args:
-        tool_calls: each sample's number of sandbox runs (`Generation.meta["tool_calls"]`).
-        statuses: the sandbox pool's execution counts by status (`SandboxPool.metrics()`).
-
-    Returns:
-        {"call_fraction": share of samples that ran code, "calls_mean": runs per sample,
-        "statuses": {status: count}}.
-    """
-    n = max(len(tool_calls), 1)
-    return {
-        "call_fraction": sum(calls > 0 for calls in tool_calls) / n,
-        "calls_mean": sum(tool_calls) / n,
-        "statuses": dict(statuses),
-    }

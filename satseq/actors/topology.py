@@ -72,6 +72,7 @@ def owner_rollouts(
                     sample.text,
                     sample.reward,
                     meta=dict(sample.meta),
+                    behaviour_logprobs=sample.token_logprobs,
                 )
             )
     return trajectories
@@ -92,7 +93,9 @@ def chain_rollouts(
     Each trajectory's `meta["turn_bounds"]` holds the (start, end) of each turn in the response.
     """
     chains = [
-        Trajectory(p, list(ids), [], [], [], "stop", meta={"turn_bounds": []})
+        Trajectory(
+            p, list(ids), [], [], [], "stop", meta={"turn_bounds": []}, behaviour_logprobs=[]
+        )
         for p, ids in enumerate(prompt_ids)
         for _ in range(group_size)
     ]
@@ -100,7 +103,8 @@ def chain_rollouts(
     for k, agent in enumerate(agents):
         if k > 0:
             for chain in chains:
-                _extend(chain, handoff_ids[k], owner=NO_OWNER, mask=[0] * len(handoff_ids[k]))
+                handoff = handoff_ids[k]
+                _extend(chain, handoff, NO_OWNER, [0] * len(handoff), [0.0] * len(handoff))
         requests = [
             GenerationRequest(
                 agent,
@@ -113,7 +117,8 @@ def chain_rollouts(
         for chain, (sample,) in zip(chains, generate(requests, spec), strict=True):
             start = len(chain.response_ids)
             n = len(sample.token_ids)  # tool output inside a turn stays masked out
-            _extend(chain, sample.token_ids, owner=k, mask=sample.response_mask or [1] * n)
+            mask = sample.response_mask or [1] * n
+            _extend(chain, sample.token_ids, k, mask, sample.token_logprobs or [0.0] * n)
             chain.meta["turn_bounds"].append((start, len(chain.response_ids)))
             chain.finish_reason = sample.finish_reason
             if k == last and sample.text is not None:
@@ -121,7 +126,10 @@ def chain_rollouts(
     return chains
 
 
-def _extend(chain: Trajectory, token_ids: list[int], owner: int, mask: list[int]) -> None:
+def _extend(
+    chain: Trajectory, token_ids: list[int], owner: int, mask: list[int], logprobs: list[float]
+) -> None:
     chain.response_ids.extend(token_ids)
     chain.owner_ids.extend([owner] * len(token_ids))
     chain.response_mask.extend(mask)
+    chain.behaviour_logprobs.extend(logprobs)

@@ -28,6 +28,9 @@ class SamplingSpec:
     # Fill Generation.logprob (the vote's tie-break). Training never reads it, and the HF engine
     # would keep a [batch, vocab] logits tensor per generated token for it.
     logprobs: bool = True
+    # Fill Generation.token_logprobs: each sampled token's log-prob under the distribution it was
+    # sampled from (at the temperature); the off-policy weight of overlapped stages reads them.
+    behaviour_logprobs: bool = False
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,9 @@ class Generation:
     response_mask: list[int] | None = None
     # A float computed about the tokens, so it takes no part in comparing samples.
     logprob: float | None = field(default=None, compare=False)
+    # Each token's log-prob under the sampling distribution (`SamplingSpec.behaviour_logprobs`);
+    # 0 on tokens the model did not sample (tool output).
+    token_logprobs: list[float] | None = field(default=None, compare=False)
     meta: dict = field(default_factory=dict)
     # Set by a rollout worker that scored the sample (a request with a Reference): its text
     # (special tokens skipped) and reward.
@@ -89,6 +95,9 @@ class Trajectory:
     response_text: str = ""
     reward: float = 0.0
     meta: dict = field(default_factory=dict)
+    # log π_behaviour of each response token, the policy that sampled it, as its engine reported
+    # (overlapped stages); None where not recorded
+    behaviour_logprobs: list[float] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

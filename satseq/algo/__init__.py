@@ -57,9 +57,6 @@ from satseq.algo.trust_region import (
     StepDecision,
     StepOutcome,
     TrustRegion,
-    restore_training_state,
-    snapshot_training_state,
-    trust_region_step,
 )
 
 __all__ = [
@@ -107,10 +104,8 @@ __all__ = [
     "policy_loss",
     "projection_lambda",
     "projection_lambda_from_logprobs",
-    "restore_training_state",
     "sampling_weights",
     "sequence_kl",
-    "snapshot_training_state",
     "spo_advantages",
     "surrogate_gain",
     "terminal_rewards",
@@ -118,5 +113,4 @@ __all__ = [
     "token_logprobs",
     "truncated_is_weights",
     "truncation_bias",
-    "trust_region_step",
 ]

@@ -27,12 +27,16 @@ def group_advantages(
     normalize_std: bool = True,
     A_clip: float | None = None,
     eps: float = 1e-8,
+    unbiased_std: bool = False,
 ) -> GroupAdvantages:
     """GRPO group advantage; Dr.GRPO when `normalize_std` is False.
 
     rewards [num_groups, G]; weights [num_groups, G] are the truncated IS weights c, which
     weight the group baseline (and the std) so that the baseline is estimated under the
     current team policy rather than the stage-start one. None means uniform weights.
+    The std is the population one (SAT-Seq, eps 1e-8), or with `unbiased_std` the unbiased
+    sample std (GRPO as verl computes it, eps 1e-6): Σ w (R − b)² / (1 − Σ w²) with the weights
+    normalised, which is Σ (R − b)² / (G − 1) for uniform ones.
     """
     if weights is None:
         weights = torch.ones_like(rewards)
@@ -40,8 +44,10 @@ def group_advantages(
     b = (w * rewards).sum(dim=-1, keepdim=True)  # b = Σ_j c_j R_j / Σ_j c_j (= mean_G R for c ≡ 1)
     A = rewards - b  # A = R − mean_G(R)
     if normalize_std:
-        sigma = (w * (rewards - b) ** 2).sum(dim=-1, keepdim=True).sqrt()  # population std
-        A = A / (sigma + eps)  # A = (R − mean_G R) / (std_G R + 1e-8)
+        variance = (w * (rewards - b) ** 2).sum(dim=-1, keepdim=True)  # population variance
+        if unbiased_std:
+            variance = variance / (1.0 - (w**2).sum(dim=-1, keepdim=True)).clamp_min(eps)
+        A = A / (variance.sqrt() + eps)  # A = (R − mean_G R) / (std_G R + eps)
     degenerate = (rewards == rewards[..., :1]).all(dim=-1)
     A = torch.where(degenerate.unsqueeze(-1), torch.zeros_like(A), A)
     if A_clip is not None:

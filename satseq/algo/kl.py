@@ -8,6 +8,8 @@ mass where π_cur had little, which is exactly the occupancy shift the theorem p
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from satseq.algo.logprobs import vocabulary_logprobs
@@ -47,8 +49,29 @@ def sequence_kl(per_token_kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_mean(per_token_kl, mask, dim=-1)
 
 
-def kl_quantile(seq_kl: torch.Tensor, alpha: float) -> float:
-    """q = the (1 − α) quantile of the per-sequence KLs (linear interpolation), [N] → float."""
+def dkw_slack(N: int, eta: float) -> float:
+    """ε(N, η) = sqrt(ln(2/η) / (2N)): with confidence 1 − η the empirical CDF of N i.i.d.
+    samples is within ε of the true one everywhere (Dvoretzky–Kiefer–Wolfowitz, with Massart's
+    constant)."""
+    if not 0.0 < eta < 1.0:
+        raise ValueError(f"the DKW confidence eta must be in (0, 1), got {eta}")
+    return math.sqrt(math.log(2.0 / eta) / (2 * max(N, 1)))
+
+
+def kl_quantile(seq_kl: torch.Tensor, alpha: float, dkw_eta: float | None = None) -> float:
+    """q, the quantile of the per-sequence KLs [N] that the trust region checks (DESIGN §4).
+
+    Without `dkw_eta`: the in-sample (1 − α) quantile (linear interpolation).
+    With it: the empirical (1 − α + ε) quantile, ε = `dkw_slack(N, dkw_eta)`, taken as an order
+    statistic x_(k) with F̂(x_(k)) ≥ 1 − α + ε, so that q ≤ target implies
+    P(sequence KL > target) ≤ α with confidence 1 − η; when 1 − α + ε ≥ 1, q is the maximum.
+    """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"quantile alpha must be in [0, 1], got {alpha}")
-    return float(torch.quantile(seq_kl.double(), 1.0 - alpha))
+    values = seq_kl.double()
+    if dkw_eta is None:
+        return float(torch.quantile(values, 1.0 - alpha))
+    N = values.numel()
+    level = 1.0 - alpha + dkw_slack(N, dkw_eta)
+    k = min(max(math.ceil(level * N - 1e-9) - 1, 0), N - 1)  # 0-based rank: (k + 1)/N ≥ level
+    return float(values.sort().values[k])

@@ -6,8 +6,11 @@ W [V, H] (and its bias) to `chunk_tokens` states at a time. Each chunk's logits 
 inside that chunk: under autograd the chunk is checkpointed, so its backward recomputes the
 logits instead of keeping them, and the peak is one chunk's [m, V] in float32, not [M, V].
 
-Logits are upcast to float32 before the softmax (bf16 log-softmax over 150k entries loses the
-small probabilities the ratio and KL are made of).
+Precision (DESIGN §4): the output layer's matmul runs in float32 even under bf16 autocast
+(`OutputLayer.float32_logits`, on by default: `trainer.fp32_head`). bf16 logits carry ~0.06 nats
+of rounding at logit scales of 20–30, more than the KL budgets being checked, and the float32
+log-softmax after a bf16 matmul cannot restore the lost bits. With it off, the matmul runs in
+the autocast dtype and only the softmax is float32.
 """
 
 from __future__ import annotations
@@ -26,23 +29,33 @@ DEFAULT_CHUNK_TOKENS = 1024
 
 @dataclass(frozen=True)
 class OutputLayer:
-    """The output projection logits = h W^T + b, as plain tensors (W [V, H], b [V] or None)."""
+    """The output projection logits = h W^T + b, as plain tensors (W [V, H], b [V] or None).
+    float32_logits: the matmul runs in float32 whatever autocast says."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
+    float32_logits: bool = True
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """h W^T + b for hidden states [m, H] → [m, V]."""
+        if not self.float32_logits:
+            return torch.nn.functional.linear(hidden, self.weight, self.bias)
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        bias = None if self.bias is None else self.bias.to(dtype)
+        with torch.autocast(hidden.device.type, enabled=False):
+            return torch.nn.functional.linear(hidden.to(dtype), self.weight.to(dtype), bias)
 
     def logprobs(self, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
         """log π(· | s) at `temperature` for hidden states [m, H] → [m, V], float32 or wider."""
-        return vocabulary_logprobs(
-            torch.nn.functional.linear(hidden, self.weight, self.bias), temperature
-        )
+        return vocabulary_logprobs(self.logits(hidden), temperature)
 
     def detached_copy(self, dtype: torch.dtype | None = None) -> OutputLayer:
         """A frozen copy (the stage-start π_cur's output layer, kept while W trains), in
-        `dtype` if given (under autocast the matmul runs in it anyway)."""
-        dtype = dtype or self.weight.dtype
+        `dtype` if given (under autocast a bf16 matmul runs in it anyway); with float32 logits
+        the copy stays float32, so π_cur's logits are computed as π_θ's are."""
+        dtype = torch.float32 if self.float32_logits else (dtype or self.weight.dtype)
         bias = None if self.bias is None else self.bias.detach().to(dtype, copy=True)
-        return OutputLayer(self.weight.detach().to(dtype, copy=True), bias)
+        return OutputLayer(self.weight.detach().to(dtype, copy=True), bias, self.float32_logits)
 
 
 def _chunk_logprob_and_kl(
@@ -70,12 +83,15 @@ def map_chunks(
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """chunk_fn over `chunk_tokens` rows at a time of the per-state tensors `rows` (each [M, ...]),
     its per-state outputs ([m] each) concatenated to [M]. Under autograd (a row tensor requires
-    grad) each chunk is checkpointed: backward recomputes its [m, V] logits instead of keeping
-    them."""
+    grad) each of several chunks is checkpointed: backward recomputes its [m, V] logits instead
+    of keeping them. One chunk is not: its backward follows its forward with nothing between
+    them that would use the memory, so keeping its tensors peaks about as high as recomputing
+    them, and saves the recomputation."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
     M = rows[0].shape[0]
-    checkpointed = torch.is_grad_enabled() and any(r.requires_grad for r in rows)
+    chunks = -(-M // chunk_tokens)
+    checkpointed = chunks > 1 and torch.is_grad_enabled() and any(r.requires_grad for r in rows)
     outputs = []
     for start in range(0, max(M, 1), chunk_tokens):  # M = 0: one empty chunk, typed outputs
         chunk = tuple(r[start : start + chunk_tokens] for r in rows)

@@ -23,6 +23,7 @@ class PolicyLoss:
     loss: torch.Tensor  # scalar to minimise
     clip_fraction: float  # share of terms where the clipped branch was active
     ratio_mean: float  # mean of r over the terms (sequences or tokens)
+    ratio_max: float  # largest r over the terms (0 without any)
 
 
 def log_ratio(
@@ -112,7 +113,9 @@ def policy_loss(
     with torch.no_grad():
         clip_fraction = float(masked_mean(clipped.to(mask.dtype), term_mask))
         ratio_mean = float(masked_mean(torch.exp(u), term_mask))
-    return PolicyLoss(loss, clip_fraction, ratio_mean)
+        ratios = torch.exp(u)[term_mask > 0]
+        ratio_max = float(ratios.max()) if ratios.numel() else 0.0
+    return PolicyLoss(loss, clip_fraction, ratio_mean, ratio_max)
 
 
 def kl_penalty(per_token_kl: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:

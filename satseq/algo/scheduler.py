@@ -3,8 +3,10 @@
 Modes:
     static       the config order, every stage.
     random       a permutation drawn from (seed, stage) alone, so a resumed run reproduces it.
-    greedy_gain  descending by the last stage's certified gain per agent; on the first stage
-                 (no gains yet) descending by the agent's mean |A|. Ties keep the config order.
+    greedy_gain  descending by each agent's held-out gain estimate from the last stage (the
+                 bandit estimate over its own held-out tokens; never the theorem's terms, which
+                 the KL term dominates); on the first stage (no gains yet) descending by the
+                 agent's mean |A|. Ties keep the config order.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class AgentScheduler:
 
         Args:
             stage: the stage index; seeds the ``random`` permutation.
-            last_gains: the previous stage's certified gain per agent (``greedy_gain``).
+            last_gains: the previous stage's held-out gain estimate per agent (``greedy_gain``).
             mean_abs_advantage: mean |A| per agent on this stage's batch (``greedy_gain`` on
                 the first stage, when ``last_gains`` is None or empty).
         """
@@ -62,7 +64,7 @@ class AgentScheduler:
         if mean_abs_advantage:
             return order_by_score(self.agents, mean_abs_advantage)
         raise ValueError(
-            "scheduler greedy_gain needs last_gains (the previous stage's certified gains) or, "
+            "scheduler greedy_gain needs last_gains (the previous stage's held-out gains) or, "
             "on the first stage, mean_abs_advantage"
         )
 

@@ -63,7 +63,7 @@ def resolve_config_for(
 ) -> RunConfig:
     """The team's training config (else the quickstart's) with --tools and --set overrides, or
     a clean exit."""
-    from satseq.evaluation.runner import run_config_for
+    from satseq.config import run_config_for
 
     try:
         return run_config_for(checkpoint_dir, overrides or [], tools)

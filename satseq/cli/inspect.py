@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 
 from satseq.cli.common import ConfigArg, SetOption, fail, resolve_config
 from satseq.config import dump_config
@@ -14,9 +15,25 @@ config_app = typer.Typer(help="Inspect the run configuration.", no_args_is_help=
 
 
 @config_app.command("show")
-def config_show(config: ConfigArg = None, set_: SetOption = None) -> None:
-    """Print the resolved config as YAML: the file, then every --set override, then defaults."""
-    typer.echo(dump_config(resolve_config(config, set_)), nl=False)
+def config_show(
+    config: ConfigArg = None,
+    set_: SetOption = None,
+    key: Annotated[
+        str | None, typer.Option("--key", help="print only this dotted key's value")
+    ] = None,
+) -> None:
+    """Print the resolved config as YAML: the file, then every --set override, then defaults.
+    With --key (e.g. grpo.group_size), only that value (what scripts read)."""
+    resolved = resolve_config(config, set_)
+    if key is None:
+        typer.echo(dump_config(resolved), nl=False)
+        return
+    value = yaml.safe_load(dump_config(resolved))
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise fail(f"--key {key}: the config has no key {part!r} there")
+        value = value[part]
+    typer.echo(value if not isinstance(value, dict | list) else yaml.safe_dump(value), nl=True)
 
 
 def report(

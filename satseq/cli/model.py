@@ -1,4 +1,4 @@
-"""`satseq model ...`: the embedded tiny model."""
+"""`satseq model ...`: the embedded tiny model, and LoRA adapters merged into full models."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import typer
 
 from satseq.cli.common import fail
 
-model_app = typer.Typer(help="Models: the embedded tiny model.", no_args_is_help=True)
+model_app = typer.Typer(
+    help="Models: the embedded tiny model; merging a LoRA adapter.", no_args_is_help=True
+)
 
 
 @model_app.command("build-tiny")
@@ -32,3 +34,24 @@ def model_build_tiny(
     except TinyModelError as err:
         raise fail(str(err)) from None
     typer.echo(f"built {path}")
+
+
+@model_app.command("merge-lora")
+def model_merge_lora(
+    adapter_dir: Annotated[
+        Path, typer.Argument(help="a LoRA agent's adapter dir (agent_<name>/stage_<k>/)")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="directory to write the merged HF model")],
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16")] = "float32",
+) -> None:
+    """Merge a LoRA adapter into its base: a full HF model directory (transformers, vLLM)."""
+    from satseq.models import ModelLoadError, is_adapter_dir
+    from satseq.models.adapters import merge_adapter
+
+    if not is_adapter_dir(adapter_dir):
+        raise fail(f"{adapter_dir} is not a LoRA adapter directory (it has no adapter_config.json)")
+    try:
+        path = merge_adapter(adapter_dir, out, dtype)
+    except (ModelLoadError, OSError) as err:
+        raise fail(str(err)) from None
+    typer.echo(f"merged {adapter_dir} into {path}")

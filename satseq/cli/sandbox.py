@@ -21,7 +21,7 @@ def sandbox_serve(
     """A SandboxFusion-compatible /run_code server (plus /v1/ping) on the local sandbox."""
     import logging
 
-    from satseq.launch.builders import local_sandbox_settings
+    from satseq.launch.settings import local_sandbox_settings
     from satseq.sandbox.isolation import SandboxUnavailable
     from satseq.sandbox.server import serve
 

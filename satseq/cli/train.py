@@ -36,9 +36,22 @@ def train(
     resolved = resolve_config(config, set_)  # before the heavy imports: errors come at once
     if swap:
         resolved = with_swaps(resolved, swap, next_stage(resolved, output_dir, resume))
+    if any(resolved.agent_lora(i) for i in range(len(resolved.team.agents))):
+        check_lora_team(resolved)
     from satseq.cluster.driver import train as run_training
 
     run_training(resolved, str(output_dir) if output_dir else None, resume=resume, address=address)
+
+
+def check_lora_team(config: RunConfig) -> None:
+    """A LoRA team's errors that need its models (target modules, tokenizers) here, before Ray
+    starts; its fresh adapters are made here once (the model cache keeps them for the actors)."""
+    from satseq.launch.agent_models import agent_model_dirs
+
+    try:
+        agent_model_dirs(config)
+    except ValueError as err:
+        raise fail(str(err)) from None
 
 
 def next_stage(config: RunConfig, output_dir: Path | None, resume: bool) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,9 @@ import ray
 import torch
 
 from satseq.actors.incarnation import check_not_restarted, incarnations
-from satseq.actors.learner_group import learner_actors
-from satseq.cluster import builders
+from satseq.actors.learner import Learner
+from satseq.actors.learner.group import learner_actors
+from satseq.actors.rollout import RolloutWorker
 from satseq.cluster.checkpoint import learner_state_path, load_latest_run_state, save_run_state
 from satseq.cluster.faults import (
     ACTOR_LOSS,
@@ -30,13 +32,15 @@ from satseq.cluster.faults import (
 )
 from satseq.cluster.metrics import StageLog
 from satseq.cluster.recipes import RECIPES
-from satseq.cluster.runtime import start_on_ray
 from satseq.cluster.swap import apply_swaps
+from satseq.cluster.team import start_on_ray
+from satseq.cluster.training_data import training_problems
 from satseq.config import RunConfig
 from satseq.evaluation.datasets import resolve_dataset
 from satseq.evaluation.outputs import write_predictions
 from satseq.evaluation.team import evaluate_team
-from satseq.launch.builders import eval_sampling_spec
+from satseq.launch.settings import eval_sampling_spec
+from satseq.sandbox.pool import SandboxPool
 
 
 class Coordinator:
@@ -52,7 +56,7 @@ class Coordinator:
             for name in (config.data.val_files if config.trainer.val_every else [])
             for problem in resolve_dataset(name, config)
         ]
-        self.problems = builders.training_problems(config)
+        self.problems = training_problems(config)
         self.stage = 0
         self.recipe = self.recipe_class(config, self.runtime, self.problems)
         self.first_rng = _rng_state()  # stage 0's, for a retry of stage 0
@@ -60,7 +64,7 @@ class Coordinator:
         self.incarnations = incarnations(self._team_actors())
         """Every learner's and rollout actor's process when the stage began (`faults`)."""
         resumed_stage = self._restore() if resume else None
-        self.log = StageLog(self.output_dir, config.output.tensorboard, resumed_stage)
+        self.log = StageLog(self.output_dir, config, resumed_stage)
 
     # --- one stage ----------------------------------------------------------------------------
 
@@ -73,12 +77,11 @@ class Coordinator:
                 if lost is not None:  # inside the try: a loss during recovery is retried too
                     self._recover(lost)
                 # a swap due now happens inside the retry: a retry restores the team before it
-                swaps = apply_swaps(
-                    self.runtime, self.config, self.recipe, self.problems, self.stage
-                )
+                swap_dir = self.output_dir / "checkpoints" / "swaps"
+                swaps = apply_swaps(self.runtime, self.config, self.recipe, self.stage, swap_dir)
                 result = self.recipe.run_stage(self.stage)
                 metrics = {"stage": self.stage, **swaps, **result.metrics}
-                metrics["time/weight_sync"] = self.runtime.take_weight_sync_seconds()
+                metrics["time/weight_sync"] = self.runtime.weight_sync.take_seconds()
                 if self._validation_due():
                     self.runtime.set_progress("validation")
                     metrics |= self.validate()
@@ -108,7 +111,7 @@ class Coordinator:
         wait_until_alive(self._pings())
         # before the reset: an actor restarted during it is caught at the stage's end
         self.incarnations = incarnations(self._team_actors())
-        rt.forget_weight_transfers()  # a restarted actor is in no group
+        rt.weight_sync.forget()  # a restarted actor is in no group
         self._reset_to_stage_start()
         self.faults.recovery_seconds += time.perf_counter() - started
 
@@ -118,21 +121,23 @@ class Coordinator:
     def _team_actors(self) -> list[Any]:
         return self._learner_actors() + self.runtime.rollouts
 
-    def _pings(self) -> list[tuple[Any, str]]:
+    def _pings(self) -> list[tuple[Any, Callable]]:
         rt = self.runtime
-        pings = [(actor, "ready") for actor in rt.learners + rt.rollouts]
-        return pings + ([(rt.sandbox, "start")] if rt.sandbox else [])
+        pings = [(learner, Learner.ready) for learner in rt.learners]
+        pings += [(worker, RolloutWorker.ready) for worker in rt.rollouts]
+        return pings + ([(rt.sandbox, SandboxPool.start)] if rt.sandbox else [])
 
     def _reset_to_stage_start(self) -> None:
         """Learners, engines, recipe and RNG as they were when the stage began: from the last
-        checkpoint, or for stage 0 from the start (learners reset to their initial state)."""
+        checkpoint, or for stage 0 from the start (learners reset to their initial state). The
+        rollouts generated ahead are dropped first (the checkpoint holds the queue)."""
+        self.recipe.close()
         if self.stage > 0:
             self._restore()
             return
         self._rebuild_swapped_agents(self._configured_paths())
         self.runtime.reset_learners()
-        for i in range(len(self.runtime.agents)):
-            self.runtime.push_weights(i)
+        self.runtime.weight_sync.push_all()
         self.recipe = self.recipe_class(self.config, self.runtime, self.problems)
         _set_rng_state(self.first_rng)
 
@@ -212,8 +217,7 @@ class Coordinator:
                 for i, learner in enumerate(self.runtime.learners)
             ]
         )
-        for i in range(len(self.runtime.agents)):
-            self.runtime.push_weights(i)
+        self.runtime.weight_sync.push_all()
         self.stage = state["stage"]
         self.recipe.load_state_dict(state["recipe"])
         _set_rng_state(state["rng"])
@@ -235,14 +239,23 @@ class Coordinator:
     # --- progress (polled by the driver while a stage runs) -------------------------------------
 
     def get_progress(self) -> dict[str, Any]:
-        return {"stage": self.stage, **self.runtime.progress, "faults": self.faults.total}
+        return {
+            "stage": self.stage,
+            **self.runtime.progress,
+            "faults": self.faults.total,
+            "trackers_failed": sorted(self.log.trackers.failed),  # dropped with a warning
+        }
 
     def next_stage(self) -> int:
         return self.stage
 
-    def close(self) -> None:
+    def close(self) -> list[str]:
+        """Closes the outputs, the recipe and the scorer; returns the trackers' warnings, for
+        the driver (this actor's log does not reach the console)."""
+        self.recipe.close()
         self.log.close()
         self.runtime.scorer.close()
+        return list(self.log.trackers.failed.values())
 
 
 def _rng_state() -> dict[str, Any]:

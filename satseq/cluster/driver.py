@@ -16,7 +16,7 @@ from rich.table import Table
 
 from satseq.cluster.coordinator import CoordinatorActor
 from satseq.cluster.metric_keys import PEAK_MEMORY
-from satseq.config import RunConfig, dump_config
+from satseq.config import TRAIN_CONFIG, RunConfig, dump_config
 from satseq.launch.connection import connect
 
 console = Console()
@@ -56,7 +56,7 @@ def train(
     started = time.perf_counter()
     out = output_dir_for(config, output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "train_config.yaml").write_text(dump_config(config))
+    (out / TRAIN_CONFIG).write_text(dump_config(config))
     connect(address)
     coordinator = CoordinatorActor.options(
         name="satseq-coordinator",
@@ -101,7 +101,8 @@ def train(
                     break
     finally:
         stop.restore()
-        ray.get(coordinator.close.remote())
+        for warning in ray.get(coordinator.close.remote()):
+            console.print(f"[yellow]warning: {warning}")
         ray.kill(coordinator)
     if history:
         console.print(summary_table(config, history, time.perf_counter() - started))
@@ -117,6 +118,8 @@ def _describe(progress: dict[str, Any], history: list[dict[str, Any]]) -> str:
         last = history[-1]
         backtracks = sum(v for k, v in last.items() if k.startswith("backtracks/"))
         parts.append(f"reward {last['reward/mean']:.3f}  backtracks {backtracks}")
+        if "async/staleness_mean" in last:  # overlapped stages: the rollouts' versions old
+            parts.append(f"staleness {last['async/staleness_mean']:.0f}")
         peaks = [
             f"{key.rpartition('/')[2]} {value:.1f}"
             for key, value in last.items()
@@ -126,6 +129,8 @@ def _describe(progress: dict[str, Any], history: list[dict[str, Any]]) -> str:
             parts.append(f"update peak GiB {' '.join(peaks)}")
     if progress.get("faults"):
         parts.append(f"[yellow]recovered from {progress['faults']} actor/node losses")
+    if progress.get("trackers_failed"):  # the warning itself is printed at the end
+        parts.append(f"[yellow]not logging to {', '.join(progress['trackers_failed'])}")
     return "  ".join(parts)
 
 

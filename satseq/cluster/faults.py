@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -102,14 +103,14 @@ def actor_roles(**handles: list[Any]) -> dict[str, str]:
     }
 
 
-def wait_until_alive(pings: list[tuple[Any, str]], timeout_s: float = 600.0) -> None:
+def wait_until_alive(pings: list[tuple[Any, Callable]], timeout_s: float = 600.0) -> None:
     """Return once every (actor, method) answers (Ray restarts the dead ones), or raise."""
     deadline = time.monotonic() + timeout_s
     for handle, method in pings:
         while True:
             try:
                 remaining = max(1.0, deadline - time.monotonic())
-                ray.get(getattr(handle, method).remote(), timeout=remaining)
+                ray.get(getattr(handle, method.__name__).remote(), timeout=remaining)
                 break
             except (*ACTOR_LOSS, GetTimeoutError) as error:
                 if time.monotonic() > deadline:

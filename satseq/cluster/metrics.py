@@ -1,5 +1,6 @@
-"""Per-stage outputs: metrics.jsonl, certificates.jsonl, TensorBoard events (DESIGN §8), and the
-same numbers as Ray metrics, which reach the Ray dashboard and its Prometheus endpoint."""
+"""Per-stage outputs: metrics.jsonl, certificates.jsonl (DESIGN §8), the experiment trackers
+(TensorBoard, MLflow, W&B: `trackers.py`), and the same numbers as Ray metrics, which reach the
+Ray dashboard and its Prometheus endpoint."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from typing import Any
 
 import ray
 from ray.util.metrics import Gauge
-from torch.utils.tensorboard import SummaryWriter
 
 from satseq.cluster.metric_keys import PHASE_PREFIX, agent_names, is_scalar
+from satseq.cluster.trackers import Trackers
+from satseq.config import RunConfig
 from satseq.files import write_text_atomically
 
 # Per-stage key families whose last segment becomes a tag: `time/rollout` is
@@ -26,36 +28,32 @@ TAGGED_FAMILIES = {
 
 
 class StageLog:
-    """Appends one JSON object per stage; mirrors numeric metrics to TensorBoard and, inside a
-    Ray worker or driver, to Ray metrics (`RayMetricsExporter`).
+    """Appends one JSON object per stage; mirrors numeric metrics to the trackers of
+    `output.trackers` and, inside a Ray worker or driver, to Ray metrics (`RayMetricsExporter`).
 
     On resume, lines for stages after the resumed checkpoint are dropped first, so the files
     hold each stage exactly once whatever happened to the previous process.
     """
 
-    def __init__(self, output_dir: Path, tensorboard: bool, resume_after_stage: int | None = None):
+    def __init__(self, output_dir: Path, config: RunConfig, resume_after_stage: int | None = None):
         self.metrics_path = output_dir / "metrics.jsonl"
         self.certificates_path = output_dir / "certificates.jsonl"
         for path in (self.metrics_path, self.certificates_path):
             truncate_after_stage(path, resume_after_stage)
-        self.tensorboard = SummaryWriter(str(output_dir / "tensorboard")) if tensorboard else None
+        self.trackers = Trackers(config, output_dir, resume=resume_after_stage is not None)
         self.ray_metrics = RayMetricsExporter(run=output_dir.name) if ray.is_initialized() else None
 
     def write(self, metrics: dict[str, Any], certificate: dict[str, Any]) -> None:
         append_json_line(self.metrics_path, metrics)
         append_json_line(self.certificates_path, certificate)
-        if self.tensorboard is not None:
-            stage = int(metrics["stage"])
-            for key, value in metrics.items():
-                if is_scalar(value):
-                    self.tensorboard.add_scalar(key, value, stage)
-            self.tensorboard.flush()
+        stage = int(metrics["stage"])
+        scalars = {key: value for key, value in metrics.items() if is_scalar(value)}
+        self.trackers.log_stage(stage, scalars)
         if self.ray_metrics is not None:
             self.ray_metrics.export(metrics)
 
     def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        self.trackers.close()
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from satseq.actors.weight_transfer import TransferBackend
-from satseq.cluster.builders import agent_workers
+from satseq.cluster.learner_specs import agent_workers
 from satseq.config import RunConfig
 from satseq.config.schema import EngineResources
 
@@ -28,6 +28,7 @@ class TeamPlacement:
     learner_bundles: list[list[int]]  # agent i's ranks' bundles
     learner_gpus: float
     rollout_gpus: float
+    overlapped: bool = False  # `rollout.max_staleness` ≥ 1: generation runs during updates
 
     @property
     def n_learners(self) -> int:
@@ -69,7 +70,8 @@ class TeamPlacement:
         bundles are)."""
         nodes = placement_group_table(self.group)["bundles_to_node_id"]
         cpus = [bundle.get("CPU", 0.0) for bundle in self.group.bundle_specs]
-        threads = learner_threads(cpus, [nodes[b] for b in range(len(cpus))], self.n_learners)
+        where = [nodes[b] for b in range(len(cpus))]
+        threads = learner_threads(cpus, where, self.n_learners, not self.overlapped)
         return threads[self.learner_bundles[index][0]]
 
     def rollout_options(self, index: int) -> dict[str, Any]:
@@ -87,17 +89,26 @@ class TeamPlacement:
 
 
 def learner_threads(
-    bundle_cpus: list[float], bundle_nodes: list[str], n_learners: int
+    bundle_cpus: list[float],
+    bundle_nodes: list[str],
+    n_learners: int,
+    with_rollout_cpus: bool = True,
 ) -> list[int]:
     """Torch threads per learner (the first `n_learners` bundles): the CPUs of the team's
     bundles on its node, shared evenly by the learners there; at least 1.
 
-    A stage's phases never overlap (generation, then the learners' passes, then generation
-    again), so while the learners work the rollout actors' CPUs are idle and theirs to use.
+    In a synchronous stage the phases never overlap (generation, then the learners' passes,
+    then generation again), so while the learners work the rollout actors' CPUs are idle and
+    theirs to use; overlapped stages (`with_rollout_cpus` False) keep to the learners' own.
     """
     threads = []
+    counted = len(bundle_cpus) if with_rollout_cpus else n_learners
     for node in bundle_nodes[:n_learners]:
-        cpus = sum(c for c, n in zip(bundle_cpus, bundle_nodes, strict=True) if n == node)
+        cpus = sum(
+            c
+            for c, n in zip(bundle_cpus[:counted], bundle_nodes[:counted], strict=True)
+            if n == node
+        )
         learners = bundle_nodes[:n_learners].count(node)
         threads.append(max(1, int(cpus / learners)))
     return threads
@@ -142,6 +153,14 @@ def place_team(config: RunConfig, timeout_s: float = 120.0) -> TeamPlacement:
             "trainer.resources / rollout.resources, rollout.num_actors or "
             f"trainer.workers_per_agent (learner ranks per agent: {workers})."
         )
-    return TeamPlacement(
-        group, learner_bundles, learners[0].get("GPU", 0.0), rollouts[0].get("GPU", 0.0)
-    )
+    learner_gpus, rollout_gpus = learners[0].get("GPU", 0.0), rollouts[0].get("GPU", 0.0)
+    overlapped = config.rollout.max_staleness > 0
+    if overlapped and (0 < learner_gpus < 1 or 0 < rollout_gpus < 1):
+        ray.util.remove_placement_group(group)
+        raise ValueError(
+            f"rollout.max_staleness: {config.rollout.max_staleness} runs generation while the "
+            f"learners update, but trainer.resources.num_gpus ({learner_gpus}) / "
+            f"rollout.resources.num_gpus ({rollout_gpus}) share GPUs between them, and one "
+            "GPU does not run both at once: give each whole GPUs, or set max_staleness: 0"
+        )
+    return TeamPlacement(group, learner_bundles, learner_gpus, rollout_gpus, overlapped)

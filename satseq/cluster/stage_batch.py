@@ -20,6 +20,7 @@ class StageBatch:
     response_mask: torch.Tensor  # [N, T]
     owns: torch.Tensor  # [n_agents, N]: whether agent i wrote any trained token of trajectory n
     n_train: int  # the first n_train trajectories train; the rest are held out for the bound
+    behaviour_logprobs: torch.Tensor  # [N, T]: the engines' log π_behaviour (0 if not recorded)
 
     @classmethod
     def build(
@@ -34,7 +35,13 @@ class StageBatch:
         )
         rewards = torch.tensor([t.reward for t in trajectories])
         n_train = len(trajectories) if n_train is None else n_train
-        return cls(trajectories, rewards, padded.owner_ids, padded.response_mask, owns, n_train)
+        behaviour = torch.zeros(padded.response_mask.shape)
+        for row, t in enumerate(trajectories):
+            if t.behaviour_logprobs is not None:
+                behaviour[row, : len(t.behaviour_logprobs)] = torch.tensor(t.behaviour_logprobs)
+        return cls(
+            trajectories, rewards, padded.owner_ids, padded.response_mask, owns, n_train, behaviour
+        )
 
     def owned_by(self, agents: list[int]) -> torch.Tensor:
         return owner_mask(self.owner_ids, agents, self.response_mask)

@@ -3,20 +3,24 @@
 from satseq.config.load import (
     CONFIG_DIR,
     QUICKSTART,
+    TRAIN_CONFIG,
     ConfigError,
     apply_override,
     dump_config,
     load_config,
+    run_config_for,
 )
 from satseq.config.schema import AgentConfig, RunConfig
 
 __all__ = [
     "CONFIG_DIR",
     "QUICKSTART",
+    "TRAIN_CONFIG",
     "AgentConfig",
     "ConfigError",
     "RunConfig",
     "apply_override",
     "dump_config",
     "load_config",
+    "run_config_for",
 ]

@@ -14,6 +14,9 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = PACKAGE_ROOT / "configs"
 QUICKSTART = CONFIG_DIR / "quickstart.yaml"
 SERVE_CONFIG = CONFIG_DIR / "serve.yaml"  # the Ray Serve config of `satseq serve`
+TRAIN_CONFIG = "train_config.yaml"  # the resolved config a run writes into its output dir
+# `--tools`: the DESIGN §5 tool loop, and the prompt that tells the model it may write code
+TOOL_OVERRIDES = ("rollout.tools.enabled=true", "data.prompt.tool_prompt=true")
 
 
 class ConfigError(ValueError):
@@ -95,6 +98,18 @@ def load_config(
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, source)) from None
+
+
+def run_config_for(
+    checkpoint_dir: str | Path, overrides: list[str], tools: bool = False
+) -> RunConfig:
+    """The config a team was trained with (`<dir>/train_config.yaml`), else the quickstart's,
+    then `overrides`: so evaluation and serving prompt, score and run tools as training did.
+    `tools` turns the tool loop on whatever the config says (`TOOL_OVERRIDES`, before
+    `overrides`)."""
+    trained = Path(checkpoint_dir) / TRAIN_CONFIG
+    extra = list(TOOL_OVERRIDES) if tools else []
+    return load_config(trained if trained.is_file() else QUICKSTART, [*extra, *overrides])
 
 
 def dump_config(config: RunConfig) -> str:

@@ -3,325 +3,84 @@
 Every section forbids unknown keys, so a typo fails with the key's path instead of being
 silently ignored. Seeds' keys (`algorithm.gamma`, `algorithm.lam`, `algorithm.kl_ctrl.*`,
 `sat_seq.{epsilon, A_clip, group_size, max_backtracks, agents}`) are accepted as they are.
+
+`RunConfig` and the sections it holds directly are here; the larger sections live in modules of
+their own (`team`, `algorithms`, `rollout`, `data`), all importable from this one.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import warnings
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from satseq.data.synthetic import resolve_difficulty
-from satseq.sandbox.types import (
-    DEFAULT_MAX_OUTPUT_BYTES,
-    DEFAULT_MEMORY_MB,
-    DEFAULT_TIMEOUT_S,
-    MAX_MEMORY_MB,
-    MAX_OUTPUT_BYTES,
-    MAX_TIMEOUT_S,
-    MIN_MEMORY_MB,
+from satseq.config.algorithms import (
+    AlgorithmConfig,
+    CertificateConfig,
+    GrpoConfig,
+    KLControlConfig,
+    SatSeqConfig,
+    SpoConfig,
+)
+from satseq.config.data import (
+    DataConfig,
+    PromptConfig,
+    RewardConfig,
+    SyntheticDataConfig,
+)
+from satseq.config.rollout import (
+    EngineResources,
+    RolloutConfig,
+    SandboxConfig,
+    ToolConfig,
+)
+from satseq.config.section import Offload, Section
+from satseq.config.team import (
+    AgentConfig,
+    LoraConfig,
+    SwapConfig,
+    TeamConfig,
 )
 
 
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-Offload = Literal["none", "idle_agents"]
-"""Where a learner keeps its float32 master weights and AdamW state between its updates: on its
-device (none), or in host memory (idle_agents: for a team that shares its GPUs)."""
-
-
-class AgentConfig(Section):
-    name: str = Field(min_length=1, description="unique agent name; outputs go to agent_<name>/")
-    path: str = Field(
-        min_length=1, description="HF model dir or hub name; 'builtin:tiny' = the embedded model"
-    )
-    role_prompt: str | None = Field(
-        None, description="chain topology: this agent's role instruction"
-    )
-    offload: Offload | None = Field(None, description="this agent's trainer.offload; None: that")
-    workers: int | None = Field(
-        None, ge=1, description="this agent's trainer.workers_per_agent; None: that"
-    )
-
-
-class SwapConfig(Section):
-    """Plug-and-play: at the start of stage `at_stage`, agent `agent` is replaced by the model at
-    `path` (same tokenizer), first projected towards the outgoing policy (mean per-state KL ≤
-    delta0), then trained on by a fresh learner."""
-
-    agent: str = Field(min_length=1, description="the team agent to replace")
-    path: str = Field(min_length=1, description="the incoming model: HF dir, hub name, builtin:")
-    at_stage: int = Field(ge=0, description="the swap happens before this stage")
-    delta0: float = Field(
-        0.05, gt=0.0, description="the projection's budget: mean per-state KL(π_new ‖ π_cur)"
-    )
-    max_steps: int = Field(
-        100, ge=0, description="distillation steps at most (logged when the budget is not met)"
-    )
-    lr: float | None = Field(None, gt=0.0, description="distillation lr; None: trainer.lr")
-    samples_per_prompt: int = Field(
-        2, ge=1, description="the outgoing agent's samples per stage prompt (the KL's states)"
-    )
-
-
-class TeamConfig(Section):
-    topology: Literal["mixture", "chain"] = "mixture"
-    agents: list[AgentConfig] = Field(default_factory=list)
-    swaps: list[SwapConfig] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> TeamConfig:
-        names = [a.name for a in self.agents]
-        duplicated = sorted({n for n in names if names.count(n) > 1})
-        if duplicated:
-            raise ValueError(f"agent names must be unique, repeated: {duplicated}")
-        for k, swap in enumerate(self.swaps):
-            if names and swap.agent not in names:
-                raise ValueError(
-                    f"team.swaps[{k}].agent: {swap.agent!r} is not a team agent (agents: {names})"
-                )
-        slots = [(swap.agent, swap.at_stage) for swap in self.swaps]
-        if len(set(slots)) < len(slots):
-            raise ValueError("team.swaps: an agent is swapped twice at the same stage")
-        return self
-
-
-class KLControlConfig(Section):
-    kl_coef: float = Field(0.01, ge=0.0, description="initial β_i of the KL penalty")
-    target_kl: float = Field(0.05, gt=0.0, description="trust region: max allowed KL quantile")
-    quantile: float = Field(
-        0.9, gt=0.0, le=1.0, description="quantile level 1 − α of per-sequence KL"
-    )
-    beta_growth: float = Field(1.5, gt=1.0, description="β_i ← beta_growth·β_i on a violation")
-    step_shrink: float = Field(
-        0.5, gt=0.0, le=1.0, description="each retry scales the step size by this"
-    )
-    estimator: Literal["exact", "k3"] = "exact"
-    max_backtracks: int = Field(3, ge=0, description="a step gets 1 + max_backtracks attempts")
-    on_exhausted: Literal["reject", "keep"] = Field(
-        "reject", description="after the last failed attempt: reject the step, or keep it"
-    )
-
-
-class CertificateConfig(Section):
-    delta_conf: float = Field(
-        0.05, gt=0.0, lt=1.0, description="PAC confidence: bound holds w.p. 1 − δ"
-    )
-    w_max: float = Field(
-        2.0, gt=1.0, description="truncation of the sequence ratio in the bandit bound"
-    )
-    inequality: Literal["bernstein", "hoeffding"] = "bernstein"
-    holdout_fraction: float = Field(
-        0.25, ge=0.0, lt=1.0, description="prompts held out of the update for the bound"
-    )
-
-
-class AlgorithmConfig(Section):
-    name: Literal["sat_seq", "spo", "grpo"] = "sat_seq"
-    gamma: float = Field(0.99, gt=0.0, lt=1.0, description="discount in the theorem terms and GAE")
-    lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE λ")
-    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
-    certificate: CertificateConfig = Field(default_factory=CertificateConfig)
-
-
-class SatSeqConfig(Section):
-    epsilon: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip ε")
-    A_clip: float = Field(5.0, gt=0.0, description="advantages are clipped to ±A_clip")
-    group_size: int = Field(8, ge=2, description="G trajectories per prompt")
-    max_backtracks: int | None = Field(
-        None, ge=0, description="seeds' spelling of algorithm.kl_ctrl.max_backtracks"
-    )
-    on_exhausted: Literal["reject", "keep"] | None = Field(
-        None, description="seeds' spelling of algorithm.kl_ctrl.on_exhausted"
-    )
-    ratio: Literal["seq", "token", "seq_mean"] = "seq"
-    advantage: Literal["grpo", "gae"] = Field(
-        "grpo", description="grpo: group-normalised rewards; gae: a per-agent value head + GAE"
-    )
-    value_lr: float = Field(5e-3, gt=0.0, description="gae: the value head's AdamW lr")
-    value_steps: int = Field(8, ge=1, description="gae: value-head steps per agent per stage")
-    max_log_ratio: float = Field(5.0, gt=0.0, description="clamp of the IS log-ratio")
-    scheduler: Literal["static", "random", "greedy_gain"] = "static"
-    agents: list[AgentConfig] | None = Field(None, description="seeds' spelling of team.agents")
-
-
-class SpoConfig(Section):
-    rho: Literal["constant", "kl"] = "kl"
-    rho_min: float = Field(0.875, gt=0.0, lt=1.0)
-    rho_max: float = Field(0.96, gt=0.0, lt=1.0)
-    d_half: float = Field(0.06, gt=0.0, description="D at which ρ halves")
-    eps_low: float = Field(0.2, gt=0.0, lt=1.0)
-    eps_high: float = Field(0.28, gt=0.0)
-    dual_clip: float = Field(10.0, gt=1.0)
-    gamma_s: float = Field(0.0, ge=0.0, description="sampling weight exponent on N_eff")
-    candidate_pool_size: int = Field(256, ge=1)
-    offline_values: str | None = Field(
-        None, description="JSON {prompt: [scores]} from offline-values merge"
-    )
-    sample_unscored_prompts: bool = True
-
-    @model_validator(mode="after")
-    def _rho_order(self) -> SpoConfig:
-        if self.rho_min > self.rho_max:
-            raise ValueError(f"rho_min ({self.rho_min}) must not exceed rho_max ({self.rho_max})")
-        return self
-
-
-class GrpoConfig(Section):
-    group_size: int = Field(8, ge=2)
-    eps_low: float = Field(0.2, gt=0.0, lt=1.0)
-    eps_high: float = Field(0.2, gt=0.0)
-    dr_grpo: bool = Field(False, description="Dr.GRPO: no division by the group std")
-    measure_step_kl: bool = Field(
-        False,
-        description="log kl_quantile/<agent>, the KL quantile between the policy before and "
-        "after each step: one more forward pass over the batch per step",
-    )
-
-
-class EngineResources(Section):
-    num_cpus: float = Field(1.0, ge=0.0)
-    num_gpus: float = Field(0.0, ge=0.0)
-
-
-class ToolConfig(Section):
-    enabled: bool = False
-    max_turns: int = Field(8, ge=1)
-    max_tool_response_length: int = Field(512, ge=16, description="characters, middle-truncated")
-
-
-class RolloutConfig(Section):
-    engine: Literal["hf", "vllm"] = "hf"
-    num_actors: int = Field(1, ge=1)
-    temperature: float = Field(1.0, gt=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(256, ge=1)
-    weight_sync_bucket_mb: float = Field(
-        512.0, gt=0.0, description="a learner's weights reach the engines in buckets of this size"
-    )
-    weight_sync: Literal["auto", "object_store", "collective"] = Field(
-        "auto",
-        description="collective: learner rank 0 broadcasts to the vllm engines (NCCL on GPUs, "
-        "gloo on the CPU); object_store: buckets through Ray's object store; auto: collective "
-        "where learners and engines hold GPUs of their own, else object_store",
-    )
-    gpu_memory_utilization: float = Field(
-        0.5, gt=0.0, le=1.0, description="vLLM on a GPU: the share of its memory to take"
-    )
-    resources: EngineResources = Field(default_factory=EngineResources)
-    tools: ToolConfig = Field(default_factory=ToolConfig)
-
-
-class SandboxConfig(Section):
-    backend: Literal["local", "sandbox_fusion"] = "local"
-    url: str | None = Field(None, description="SandboxFusion base URL for backend sandbox_fusion")
-    workers: int = Field(4, ge=1)
-    queue_size: int = Field(
-        256, ge=1, description="SandboxPool: waiting requests before callers block"
-    )
-    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0.0, le=MAX_TIMEOUT_S)
-    memory_mb: int = Field(DEFAULT_MEMORY_MB, ge=MIN_MEMORY_MB, le=MAX_MEMORY_MB)
-    max_output_bytes: int = Field(DEFAULT_MAX_OUTPUT_BYTES, ge=1, le=MAX_OUTPUT_BYTES)
-    max_processes: int = Field(64, ge=8, description="tasks (processes + threads) per run")
-    max_open_files: int = Field(256, ge=16)
-    disk_mb: int = Field(64, ge=1, description="size of each writable tmpfs; the largest file")
-    cpus: float = Field(1.0, gt=0.0, description="CPU quota per slot, in cores")
-    uid_base: int = Field(61000, ge=1000, description="slot uids are claimed from here (root only)")
-    python: str | None = Field(
-        None, description="interpreter in the sandbox; None: the running one"
-    )
-    bubblewrap: bool = True
-    min_isolation: Literal["none", "rlimits", "namespaces", "full"] = Field(
-        "full", description="refuse to start below this level (fail closed)"
-    )
-
-    @model_validator(mode="after")
-    def _url_for_remote(self) -> SandboxConfig:
-        if self.backend == "sandbox_fusion" and not self.url:
-            raise ValueError("backend 'sandbox_fusion' needs sandbox.url")
-        return self
-
-
-class PromptConfig(Section):
-    system_prompt: str | None = None
-    instruction: str | None = Field(
-        None,
-        description="instruction after the problem; None: the SPO recipe's \\boxed{} wording",
-    )
-    tool_prompt: bool = False
-
-
-class SyntheticDataConfig(Section):
-    split: Literal["train", "test"] = Field(
-        "train",
-        description="split to train on: 'train'; 'test' is held out for `satseq eval` and "
-        "validation, and the builtin models were warm-started on a third split, 'warmup' (the "
-        "level-1 models builtin:tiny and builtin:tiny-tool on 'train' and 'warmup' both, so runs "
-        "of those train on 'test')",
-    )
-    n_train: int = Field(
-        256, ge=1, description="problems of the split (level 1 has ~350 train); stages cycle them"
-    )
-    difficulty: int | str = Field(
-        1, description="a level 1-5 or a task name ('two_digit_sums', the quickstart's)"
-    )
-    style: Literal["symbols", "words", "mixed"] = "symbols"
-    seed: int = 0
-
-    @field_validator("difficulty")
-    @classmethod
-    def _known_difficulty(cls, difficulty: int | str) -> int | str:
-        resolve_difficulty(difficulty)  # a DataError (a ValueError) names the known ones
-        return difficulty
-
-
-class DataConfig(Section):
-    train: str = Field(
-        "synthetic",
-        description="'synthetic', a JSONL/parquet path, a directory of them, or an HF dataset name",
-    )
-    val_files: list[str] = Field(
-        default_factory=list,
-        description="validation sets: JSONL/parquet paths or names `satseq eval --dataset` takes",
-    )
-    split: str = "train"
-    field_map: dict[str, str] | None = Field(
-        None, description="e.g. {problem: question, answer: a.b}"
-    )
-    skip_bad_rows: bool = False
-    synthetic: SyntheticDataConfig = Field(default_factory=SyntheticDataConfig)
-    prompt: PromptConfig = Field(default_factory=PromptConfig)
-
-
-class RewardConfig(Section):
-    function: str | None = Field(None, description="'package.module:function' custom reward")
-    fallbacks: list[Literal["answer_colon", "answer_is", "last_number"]] = Field(
-        default_factory=list
-    )
-    allow_percent: bool = False
-    format_rule: bool = Field(
-        False, description="SPO format rule: exactly one </think>, no tools after"
-    )
-    timeout_s: float = Field(2.0, gt=0.0)
-
-
 class TrainerConfig(Section):
-    stages: int = Field(10, ge=1)
+    """The learners and the stage loop: optimizer, batches, precision, memory, checkpoints."""
+
+    stages: int = Field(10, ge=1, description="stages to run (each: rollouts, then the updates)")
     batch_size: int = Field(8, ge=1, description="prompts per stage (B)")
-    micro_batch_size: int = Field(8, ge=1)
-    update_steps: int = Field(1, ge=1, description="trust-region steps per agent per stage")
-    lr: float = Field(1e-5, gt=0.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    grad_clip: float = Field(1.0, gt=0.0)
+    micro_batch_size: int = Field(
+        8, ge=1, description="trajectories per forward/backward pass (gradient accumulation)"
+    )
+    mini_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="trajectories per optimiser step (the seeds' ppo_mini_batch_size, counted "
+        "in trajectories): each epoch takes one step per shuffled mini-batch of an agent's "
+        "stage batch; None: one step over the whole batch",
+    )
+    ppo_epochs: int = Field(
+        1, ge=1, description="passes over an agent's stage batch, each checked by the trust region"
+    )
+    lr: float = Field(
+        1e-5, gt=0.0, description="AdamW learning rate (a backtrack shrinks the step)"
+    )
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0.0, description="max global gradient norm per step")
     max_tokens_per_micro_batch: int | None = Field(
         None, ge=1, description="also cap a micro-batch's padded tokens (prompt + response)"
     )
     logit_chunk_tokens: int = Field(
         1024, ge=1, description="response tokens per output-layer chunk: logits are [chunk, V]"
     )
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(
+        False, description="recompute activations in backward: same results, less memory"
+    )
+    fp32_head: bool = Field(
+        True,
+        description="the output layer's matmul in float32 under bf16 autocast, in the learner "
+        "and in the rollout engines alike (log-probs, KL and IS weights from float32 logits)",
+    )
     workers_per_agent: int = Field(
         1,
         ge=1,
@@ -341,15 +100,42 @@ class TrainerConfig(Section):
     save_dtype: Literal["float32", "bfloat16"] | None = Field(
         None, description="HF checkpoints and engine weights; default: the compute dtype"
     )
-    save_every: int = Field(5, ge=1)
+    save_every: int = Field(
+        5, ge=1, description="write agent_<name>/stage_<k>/ every N stages and after the last"
+    )
     max_stage_retries: int = Field(
         3, ge=0, description="retries of a stage after an actor or node died; then the run stops"
     )
     val_every: int = Field(
         0, ge=0, description="validate on data.val_files every N stages and at the end; 0: never"
     )
-    seed: int = 0
-    resources: EngineResources = Field(default_factory=EngineResources)
+    seed: int = Field(0, description="seeds prompt order, the scheduler, sampling, learners")
+    resources: EngineResources = Field(
+        default_factory=EngineResources, description="each learner rank's bundle"
+    )
+    lora: LoraConfig | None = Field(
+        None, description="every agent a LoRA adapter on its path, unless team.agents[i].lora says"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _update_steps_is_ppo_epochs(cls, data: Any) -> Any:
+        """`trainer.update_steps` (before mini-batches) is `trainer.ppo_epochs`: one epoch of a
+        single mini-batch was one step over the whole batch."""
+        if not isinstance(data, dict) or "update_steps" not in data:
+            return data
+        data = dict(data)
+        steps = data.pop("update_steps")
+        if "ppo_epochs" in data and data["ppo_epochs"] != steps:
+            raise ValueError("trainer.update_steps and trainer.ppo_epochs disagree: give one")
+        warnings.warn(
+            "trainer.update_steps is deprecated: it is trainer.ppo_epochs (passes over the batch; "
+            "trainer.mini_batch_size sets the optimiser steps of each pass)",
+            FutureWarning,
+            stacklevel=2,
+        )
+        data["ppo_epochs"] = steps
+        return data
 
 
 class EvalConfig(Section):
@@ -358,13 +144,13 @@ class EvalConfig(Section):
     samples_per_agent: int = Field(4, ge=1, le=1024, description="K samples per agent and problem")
     # The seeds' SPO-style evaluation samples at T 0.6, top_p 0.95.
     temperature: float = Field(0.6, ge=0.0, le=2.0, description="0: greedy")
-    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="nucleus sampling; 1: none")
     top_k: int = Field(0, ge=0, description="0: no top-k")
     max_new_tokens: int | None = Field(None, ge=1, description="None: rollout.max_new_tokens")
     synthetic_problems: int = Field(
         64, ge=1, description="problems of a 'synthetic:<split>' dataset (after the trained ones)"
     )
-    seed: int = 0
+    seed: int = Field(0, description="the sampling seed (each rollout actor's derives from it)")
 
 
 class ServeConfig(Section):
@@ -374,21 +160,23 @@ class ServeConfig(Section):
         None, description="training output dir (agent_<name>/stage_<k>/) or per-agent HF dirs"
     )
     stage: int | None = Field(None, ge=0, description="None: each agent's latest stage")
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    engine: Literal["hf", "vllm"] = "hf"
+    host: str = Field("127.0.0.1", description="the HTTP address to listen on")
+    port: int = Field(8000, ge=1, le=65535, description="the HTTP port (`--port` overrides)")
+    engine: Literal["hf", "vllm"] = Field("hf", description="each agent deployment's engine")
     engine_threads: int = Field(1, ge=1, description="torch threads per agent replica (CPU)")
     samples_per_agent: int = Field(1, ge=1, description="default of a request's samples_per_agent")
-    max_samples_per_agent: int = Field(16, ge=1, le=1024)
+    max_samples_per_agent: int = Field(
+        16, ge=1, le=1024, description="bound of a request's samples per agent (/v1: n × default)"
+    )
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="default; 0: greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="default nucleus sampling; 1: none")
     max_tokens: int = Field(256, ge=1, description="default and upper bound of max_tokens")
     max_problem_chars: int = Field(8192, ge=1, description="longer problems get HTTP 413")
     timeout_s: float = Field(60.0, gt=0.0, description="per request; nothing back in time: 504")
     api_key_env: str | None = Field(
         "SATSEQ_API_KEY", description="env var holding the API key; unset or empty: no key needed"
     )
-    seed: int = 0
+    seed: int = Field(0, description="the engines' sampling seed (one per agent from it)")
 
     @model_validator(mode="after")
     def _default_within_bound(self) -> ServeConfig:
@@ -400,10 +188,61 @@ class ServeConfig(Section):
         return self
 
 
+TrackerName = Literal["tensorboard", "mlflow", "wandb"]
+
+
 class OutputConfig(Section):
-    dir: str = "outputs"
-    exp_name: str = "satseq"
-    tensorboard: bool = True
+    """Where a run writes, and which experiment trackers also get its metrics."""
+
+    dir: str = Field("outputs", description="a run writes to dir/exp_name unless --output-dir")
+    exp_name: str = Field("satseq", description="the run's directory under output.dir")
+    trackers: list[TrackerName] = Field(
+        default_factory=lambda: ["tensorboard"],
+        description="where each stage's metrics.jsonl numbers also go; [] for none",
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None,
+        description="an MLflow tracking server (http://host:5000) or store URI; None: a SQLite "
+        "store in the run's outputs dir, <output dir>/mlflow/mlflow.db",
+    )
+    tracker_project: str = Field(
+        "satseq", min_length=1, description="the MLflow experiment and the W&B project"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_flag_is_a_tracker(cls, data: object) -> object:
+        """The old `tensorboard: bool` still works, with a FutureWarning: true is
+        `trackers: [tensorboard]`, false is `trackers: []`."""
+        if not isinstance(data, dict) or "tensorboard" not in data:
+            return data
+        if "trackers" in data:
+            raise ValueError(
+                "output.tensorboard is the old spelling of output.trackers: give only "
+                "output.trackers, e.g. [tensorboard, mlflow]"
+            )
+        data = dict(data)
+        tensorboard = data.pop("tensorboard")
+        if not isinstance(tensorboard, bool):
+            raise ValueError(
+                f"output.tensorboard must be true or false, got {tensorboard!r} (better: "
+                "output.trackers: [tensorboard] or [])"
+            )
+        data["trackers"] = ["tensorboard"] if tensorboard else []
+        warnings.warn(
+            f"output.tensorboard is deprecated: it is output.trackers: "
+            f"[{', '.join(data['trackers'])}] (which also takes mlflow and wandb)",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return data
+
+    @field_validator("trackers")
+    @classmethod
+    def _each_tracker_once(cls, trackers: list[str]) -> list[str]:
+        if len(set(trackers)) != len(trackers):
+            raise ValueError(f"a tracker is listed twice: {trackers}")
+        return trackers
 
 
 class RunConfig(Section):
@@ -438,6 +277,35 @@ class RunConfig(Section):
             raise ValueError("team.agents is empty: list at least one {name, path}")
         return self
 
+    def agent_lora(self, i: int) -> LoraConfig | None:
+        """Agent i's adapter: its own `lora`, else `trainer.lora`; None: a full model."""
+        own = self.team.agents[i].lora
+        return None if own is False else (own or self.trainer.lora)
+
+    @model_validator(mode="after")
+    def _lora_agents_are_not_sharded_nor_gguf_files(self) -> RunConfig:
+        """FSDP2 over a LoRA agent is not built; an adapter needs its base's dequantised
+        weights, which a raw GGUF file does not give (`gguf:FILE` imports it)."""
+        for i, agent in enumerate(self.team.agents):
+            if self.agent_lora(i) is None:
+                continue
+            lora_key = f"team.agents.{i}.lora" if agent.lora else "trainer.lora"
+            workers = agent.workers or self.trainer.workers_per_agent
+            if workers > 1:
+                key = f"team.agents.{i}.workers" if agent.workers else "trainer.workers_per_agent"
+                raise ValueError(
+                    f"{key}: {workers} with {lora_key} set for agent {agent.name!r}: a LoRA agent "
+                    "cannot be sharded over several learner ranks (FSDP2 + LoRA is not built); "
+                    f"set {key}: 1, or drop {lora_key}"
+                )
+            if agent.path.endswith(".gguf") and not agent.path.startswith("gguf:"):
+                raise ValueError(
+                    f"team.agents.{i}.path: {agent.path!r} is a GGUF file that has not been "
+                    f"imported, and {lora_key} needs its base's dequantised weights: give it as "
+                    f"'gguf:{agent.path}' (imported once into the model cache)"
+                )
+        return self
+
     @model_validator(mode="after")
     def _collective_sync_needs_vllm_awake(self) -> RunConfig:
         """A collective weight sync goes into vLLM's weight-transfer API, and into engines that
@@ -454,6 +322,45 @@ class RunConfig(Section):
             raise ValueError(
                 "rollout.weight_sync: collective needs engines that stay awake; with "
                 "trainer.offload (or team.agents[i].offload): idle_agents use object_store"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _overlap_needs_devices_of_their_own(self) -> RunConfig:
+        """Overlapped stages run generation and updates at once: engines that sleep while
+        the learners work (a shared device) cannot."""
+        offloads = [self.trainer.offload] + [a.offload for a in self.team.agents if a.offload]
+        if self.rollout.max_staleness > 0 and "idle_agents" in offloads:
+            raise ValueError(
+                f"rollout.max_staleness: {self.rollout.max_staleness} overlaps generation with "
+                "the learners' updates, but trainer.offload (or team.agents[i].offload): "
+                "idle_agents shares one device between them (the engines sleep while learners "
+                "work); give the engines and learners devices of their own, or set "
+                "rollout.max_staleness: 0"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _dynamic_sampling_needs_groups(self) -> RunConfig:
+        if self.rollout.dynamic_sampling.enabled and self.algorithm.name == "spo":
+            raise ValueError(
+                "rollout.dynamic_sampling.enabled: SPO answers each prompt once, so it has no "
+                "groups to find degenerate (its tracker is the baseline): set it to false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _behaviour_is_the_full_softmax(self) -> RunConfig:
+        """SAT-Seq's IS weights and certificate, and SPO's ratio, take the learner's log-probs of
+        the full softmax at the sampling temperature as the behaviour probabilities; nucleus
+        sampling draws from another distribution (DESIGN §4)."""
+        if self.algorithm.name in ("sat_seq", "spo") and self.rollout.top_p < 1.0:
+            raise ValueError(
+                f"rollout.top_p: {self.rollout.top_p} with algorithm.name: "
+                f"{self.algorithm.name}: the learner's behaviour log-probs are of the full "
+                "softmax, not the truncated distribution top_p samples from, so every IS weight "
+                "and the certificate would be wrong; set rollout.top_p: 1.0 (eval.top_p may "
+                "stay below 1)"
             )
         return self
 
@@ -475,3 +382,32 @@ class RunConfig(Section):
             self.sat_seq = self.sat_seq.model_copy(update={key: None})
         self.algorithm = self.algorithm.model_copy(update={"kl_ctrl": kl_ctrl})
         return self
+
+
+__all__ = [  # every section, importable from here as before the split
+    "AgentConfig",
+    "AlgorithmConfig",
+    "CertificateConfig",
+    "DataConfig",
+    "EngineResources",
+    "EvalConfig",
+    "GrpoConfig",
+    "KLControlConfig",
+    "LoraConfig",
+    "Offload",
+    "OutputConfig",
+    "PromptConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "SandboxConfig",
+    "SatSeqConfig",
+    "Section",
+    "ServeConfig",
+    "SpoConfig",
+    "SwapConfig",
+    "SyntheticDataConfig",
+    "TeamConfig",
+    "ToolConfig",
+    "TrainerConfig",
+]

@@ -1,10 +1,12 @@
-"""Which weights a team has: each agent's HF model directory in a checkpoint directory.
+"""Which weights a team has: each agent's HF model directory (a LoRA agent's: its PEFT adapter
+directory, which names its base) in a checkpoint directory.
 
 Two layouts are accepted (DESIGN §8):
 
 - a training output directory, `agent_<name>/stage_<k>/`: each agent's latest saved stage, or
   stage `k` for every agent when one is asked for;
-- a directory of per-agent HF model directories, `<name>/config.json`: one agent per directory.
+- a directory of per-agent HF model directories, `<name>/config.json` (or adapter directories,
+  `<name>/adapter_config.json`): one agent per directory.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from satseq.models import is_adapter_dir
 
 AGENT_PREFIX = "agent_"
 STAGE_DIR = re.compile(r"stage_(\d+)")
@@ -72,7 +76,9 @@ def _training_output(root: Path, agent_dirs: list[Path], stage: int | None) -> T
         name = agent_dir.name.removeprefix(AGENT_PREFIX)
         saved = saved_stages(agent_dir)
         if not saved:
-            raise CheckpointError(f"{agent_dir}: no saved stage (stage_<k>/ with config.json)")
+            raise CheckpointError(
+                f"{agent_dir}: no saved stage (stage_<k>/ with config.json or adapter_config.json)"
+            )
         chosen = max(saved) if stage is None else stage
         if chosen not in saved:
             raise CheckpointError(
@@ -83,4 +89,5 @@ def _training_output(root: Path, agent_dirs: list[Path], stage: int | None) -> T
 
 
 def _is_model_dir(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file()
+    """A full model's HF directory or a LoRA agent's adapter directory."""
+    return path.is_dir() and ((path / "config.json").is_file() or is_adapter_dir(path))

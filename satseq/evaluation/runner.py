@@ -5,36 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import ray
 import yaml
 
-from satseq.actors.rollout import spread_requests
-from satseq.actors.tool_loop import tool_usage
-from satseq.config import QUICKSTART, RunConfig, dump_config, load_config
+from satseq.actors.tool_usage import tool_usage
+from satseq.config import RunConfig, dump_config
 from satseq.evaluation.checkpoints import resolve_team
 from satseq.evaluation.datasets import resolve_dataset
 from satseq.evaluation.outputs import write_outputs
 from satseq.evaluation.team import TeamEvaluation, evaluate_team
-from satseq.launch import actors as launch_actors
-from satseq.launch import builders
+from satseq.launch.actors import rollout_fleet
 from satseq.launch.connection import connect
+from satseq.launch.settings import eval_sampling_spec, prompt_format, reward_scorer
 from satseq.models import load_tokenizer
-
-TRAIN_CONFIG = "train_config.yaml"
-# `--tools`: the DESIGN §5 tool loop, and the prompt that tells the model it may write code
-TOOL_OVERRIDES = ("rollout.tools.enabled=true", "data.prompt.tool_prompt=true")
-
-
-def run_config_for(
-    checkpoint_dir: str | Path, overrides: list[str], tools: bool = False
-) -> RunConfig:
-    """The config a team was trained with (`<dir>/train_config.yaml`), else the quickstart's,
-    then `overrides`: so evaluation and serving prompt, score and run tools as training did.
-    `tools` turns the tool loop on whatever the config says (`TOOL_OVERRIDES`, before
-    `overrides`)."""
-    trained = Path(checkpoint_dir) / TRAIN_CONFIG
-    extra = list(TOOL_OVERRIDES) if tools else []
-    return load_config(trained if trained.is_file() else QUICKSTART, [*extra, *overrides])
 
 
 def run_evaluation(
@@ -57,38 +39,22 @@ def run_evaluation(
     team = resolve_team(checkpoint_dir, stage)
     problems = resolve_dataset(dataset, config)
     k = samples_per_agent or config.eval.samples_per_agent
-    spec = builders.eval_sampling_spec(config)
+    spec = eval_sampling_spec(config)
     connect(address)
-    options = launch_actors.rollout_actor_options(config)  # the cluster is asked once
-    sandbox = None
-    actors: list = []
-    tools = None
-    try:
-        if config.rollout.tools.enabled:
-            sandbox = launch_actors.start_sandbox_pool(config.sandbox, "satseq-eval-sandbox-pool")
-        actors = launch_actors.start_rollout_actors(
-            config,
-            {name: str(path) for name, path in team.agent_paths.items()},
-            config.eval.seed,
-            lambda j: options | {"name": f"satseq-eval-rollout-{j}"},
-            sandbox=sandbox,
-        )
+    agent_paths = {name: str(path) for name, path in team.agent_paths.items()}
+    with rollout_fleet(config, agent_paths, config.eval.seed, "satseq-eval") as fleet:
         evaluation = evaluate_team(
             problems,
             team.agent_names,
-            spread_requests(actors),
+            fleet.generate,
             [load_tokenizer(path) for path in team.agent_paths.values()],
-            builders.prompt_format(config),
-            builders.reward_scorer(config),
+            prompt_format(config),
+            reward_scorer(config),
             k,
             spec,
         )
-        if sandbox is not None:  # a pool of its own: its counts are this evaluation's runs
-            statuses = ray.get(sandbox.metrics.remote())["statuses"]
-            tools = tool_usage(evaluation.tool_calls(), statuses)
-    finally:
-        for actor in [*actors, sandbox] if sandbox is not None else actors:
-            ray.kill(actor)
+        statuses = fleet.sandbox_statuses()  # a pool of its own: this evaluation's runs
+    tools = None if statuses is None else tool_usage(evaluation.tool_calls(), statuses)
     inference_config = {
         "dataset": dataset,
         "checkpoint_dir": str(checkpoint_dir),

@@ -136,7 +136,7 @@ def evaluate_team(
             function that spreads requests over rollout actors. One call is made, with one
             request per (problem, agent).
         tokenizers: tokenizers[i] is agent_names[i]'s (prompts and decoding).
-        prompt_format: how a problem is put to the agents (`builders.prompt_format(config)`).
+        prompt_format: how a problem is put to the agents (`launch.settings.prompt_format`).
         scorer: rewards (correctness), answer extraction and answer equivalence for the vote.
         k: samples per agent per problem.
         spec: how to sample (eval defaults: T 0.6, top_p 0.95; see `EvalConfig`).

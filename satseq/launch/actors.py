@@ -1,19 +1,25 @@
-"""Starting the actors every command shares: rollout actors and the sandbox pool."""
+"""Starting the actors every command shares: rollout actors and the sandbox pool, and the two
+together as a fleet that a command holds for its span (`rollout_fleet`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import ray
 
-from satseq.actors.rollout import RolloutActor
+from satseq.actors.rollout import RolloutActor, spread_requests
+from satseq.actors.trajectory import Generation, GenerationRequest, SamplingSpec
 from satseq.actors.weight_transfer import TransferBackend
 from satseq.config import RunConfig
 from satseq.config.schema import SandboxConfig
-from satseq.launch.builders import engine_options, reward_scorer, sandbox_backend
+from satseq.launch.settings import engine_options, reward_scorer, sandbox_backend
 from satseq.sandbox.pool import SandboxPoolActor
+from satseq.seeds import rollout_actor_seed
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +45,11 @@ def start_rollout_actors(
 ) -> list:
     """`rollout.num_actors` rollout actors, each with an engine per agent, started and ready.
 
-    Actor j gets the Ray options `options(j)` and the seed `seed + 1000 j` (actors never share
-    a random stream); with a sandbox pool it runs the tool loop of `rollout.tools`. Each scores
-    the samples of requests that carry a reference answer with the config's reward (DESIGN §3:
-    rewards are computed in the rollout workers). With `weight_transfer`, the engines can take
-    a collective weight sync on that backend (`satseq.actors.weight_transfer`).
+    Actor j gets the Ray options `options(j)` and its seed (`satseq.seeds.rollout_actor_seed`);
+    with a sandbox pool it runs the tool loop of `rollout.tools`. Each scores the samples of
+    requests that carry a reference answer with the config's reward (DESIGN §3: rewards are
+    computed in the rollout workers). With `weight_transfer`, the engines can take a collective
+    weight sync on that backend (`satseq.actors.weight_transfer`).
     """
     options_of_engines = engine_options(config)
     if weight_transfer is not None:
@@ -53,7 +59,7 @@ def start_rollout_actors(
             agent_paths,
             config.rollout.engine,
             options_of_engines,
-            seed + 1000 * j,
+            rollout_actor_seed(seed, j),
             tools=config.rollout.tools if sandbox is not None else None,
             sandbox=sandbox,
             scorer=reward_scorer(config),
@@ -74,3 +80,50 @@ def start_sandbox_pool(sandbox: SandboxConfig, name: str | None = None):
     )
     ray.get(pool.start.remote())
     return pool
+
+
+@dataclass
+class RolloutFleet:
+    """Rollout actors and, with tools, the sandbox pool their tool loops run code in."""
+
+    actors: list[Any] = field(default_factory=list)
+    sandbox: Any = None
+
+    def generate(
+        self, requests: list[GenerationRequest], spec: SamplingSpec
+    ) -> list[list[Generation]]:
+        """Requests dealt round-robin over the actors (`spread_requests`)."""
+        return spread_requests(self.actors)(requests, spec)
+
+    def sandbox_statuses(self) -> dict[str, int] | None:
+        """The pool's execution counts by status so far; None without a sandbox."""
+        if self.sandbox is None:
+            return None
+        return ray.get(self.sandbox.metrics.remote())["statuses"]
+
+
+@contextmanager
+def rollout_fleet(
+    config: RunConfig, agent_paths: dict[str, str], seed: int, name_prefix: str | None = None
+) -> Iterator[RolloutFleet]:
+    """`rollout.num_actors` rollout actors on `agent_paths` (`start_rollout_actors`), after a
+    sandbox pool of their own when `rollout.tools.enabled`, for the span of a `with` block:
+    every one of them is killed on exit, also on an error. With `name_prefix` they are named
+    `<prefix>-rollout-<j>` and `<prefix>-sandbox-pool`."""
+    options = rollout_actor_options(config)  # the cluster is asked once
+    fleet = RolloutFleet()
+    try:
+        if config.rollout.tools.enabled:
+            name = f"{name_prefix}-sandbox-pool" if name_prefix else None
+            fleet.sandbox = start_sandbox_pool(config.sandbox, name)
+        fleet.actors = start_rollout_actors(
+            config,
+            agent_paths,
+            seed,
+            lambda j: options | ({"name": f"{name_prefix}-rollout-{j}"} if name_prefix else {}),
+            sandbox=fleet.sandbox,
+        )
+        yield fleet
+    finally:
+        for actor in [*fleet.actors, *([fleet.sandbox] if fleet.sandbox is not None else [])]:
+            ray.kill(actor)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import ray
 
@@ -17,3 +19,15 @@ def connect(address: str | None) -> None:
     else:
         # "local": a new instance, never one that `ray start` left running on this machine
         ray.init(address="local", include_dashboard=False, log_to_driver=False)
+
+
+@contextmanager
+def ray_session(address: str | None) -> Iterator[None]:
+    """`connect` for the span of a `with` block; a Ray instance it started is shut down after."""
+    started = not ray.is_initialized()
+    connect(address)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()

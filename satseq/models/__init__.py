@@ -14,7 +14,13 @@ from satseq.models.gguf import (
     import_gguf,
     resolve_gguf,
 )
-from satseq.models.loading import ModelLoadError, load_policy, load_tokenizer, resolve_model_path
+from satseq.models.loading import (
+    ModelLoadError,
+    is_adapter_dir,
+    load_policy,
+    load_tokenizer,
+    resolve_model_path,
+)
 from satseq.models.tiny import (
     TINY_SIZES,
     TinyBuildConfig,
@@ -36,6 +42,7 @@ __all__ = [
     "build_tiny_model",
     "default_cache_dir",
     "import_gguf",
+    "is_adapter_dir",
     "load_policy",
     "load_tokenizer",
     "resolve_builtin",

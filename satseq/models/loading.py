@@ -48,6 +48,8 @@ HUB_PROBE_TIMEOUT_S = 10.0
 # What a causal LM needs from a Hub repo: configs, tokenizer files, safetensors weights (repos
 # that also ship .bin/.pt copies of the weights would otherwise be downloaded twice).
 HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+ADAPTER_CONFIG = "adapter_config.json"
+"""What makes a directory a PEFT adapter (`satseq.models.adapters`) rather than a model."""
 
 
 class ModelLoadError(RuntimeError):
@@ -93,9 +95,15 @@ def load_policy(
     return model.to(device).eval(), tokenizer
 
 
+def is_adapter_dir(path: str | Path) -> bool:
+    """A PEFT adapter directory (a LoRA agent: `satseq.models.adapters`)."""
+    return (Path(path).expanduser() / ADAPTER_CONFIG).is_file()
+
+
 def resolve_model_path(path_or_name: str | Path) -> Path:
     """The local directory holding `path_or_name`'s model, building, importing or downloading
-    it if needed: `gguf:FILE` and GGUF builtins are imported once into the model cache."""
+    it if needed: `gguf:FILE` and GGUF builtins are imported once into the model cache. A LoRA
+    adapter directory is returned as it is (`satseq.models.adapters`)."""
     name = str(path_or_name)
     try:
         if name in BUILTIN_GGUF_MODELS:
@@ -114,10 +122,13 @@ def resolve_model_path(path_or_name: str | Path) -> Path:
             ) from None
     local = Path(name).expanduser()
     if local.is_dir():
+        if is_adapter_dir(local):
+            return local
         if not (local / "config.json").is_file():
             raise ModelLoadError(
                 f"{name!r} is a directory but not a model: it has no config.json (expected a "
-                "Hugging Face `save_pretrained` directory)"
+                "Hugging Face `save_pretrained` directory, or a PEFT adapter directory with "
+                f"{ADAPTER_CONFIG})"
             )
         return local
     if local.is_file() and local.suffix == ".gguf":

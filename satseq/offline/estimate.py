@@ -16,11 +16,12 @@ of the rendered chat template, which would change with the template.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import statistics
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from satseq.config import RunConfig, load_config
 from satseq.data import DataError, MathProblem, load_problems, prompt_ids
 from satseq.files import write_atomically
 from satseq.offline.layout import default_exp_name, results_path
+from satseq.seeds import stage_seed
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +87,9 @@ def estimate_offline_values(
     if chunk_size < 1:
         raise DataError(f"chunk_size must be >= 1, got {chunk_size}")
     # Imported here, after the checks: Ray, torch and transformers take seconds to import.
-    import ray
-
-    from satseq.actors.rollout import spread_requests
-    from satseq.launch import actors as launch_actors
-    from satseq.launch import builders
-    from satseq.launch.connection import connect
+    from satseq.launch.actors import rollout_fleet
+    from satseq.launch.connection import ray_session
+    from satseq.launch.settings import prompt_format, reward_scorer
     from satseq.models import load_tokenizer, resolve_model_path
 
     loaded = load_problems(
@@ -98,61 +97,31 @@ def estimate_offline_values(
     )
     model_dir = str(resolve_model_path(model_path))
     tokenizer = load_tokenizer(model_dir)
-    prompt_format = builders.prompt_format(config)
+    problem_format = prompt_format(config)
     output_file = results_path(output_dir, exp_name or default_exp_name(data_file))
 
-    started_ray = not ray.is_initialized()
-    connect(address)
-    actors: list = []
-    sandbox = None
-    scorer = builders.reward_scorer(config)
+    scorer = reward_scorer(config)
     scores_of: list[list[float]] = []
     statuses: Counter[str] = Counter()
-    try:
-        if config.rollout.tools.enabled:  # the model's code runs as it would in training
-            sandbox = launch_actors.start_sandbox_pool(config.sandbox)
-        options = launch_actors.rollout_actor_options(config)
-        actors = launch_actors.start_rollout_actors(
-            config, {AGENT: model_dir}, config.trainer.seed, lambda j: options, sandbox=sandbox
-        )
+
+    # with tools, the model's code runs in the sandbox as it would in training
+    with (
+        ray_session(address),
+        rollout_fleet(config, {AGENT: model_dir}, config.trainer.seed) as fleet,
+        contextlib.closing(scorer),
+    ):
+        prompting = (problem_format, tokenizer)
 
         def write_rows(rows) -> None:
-            for chunk_index, first in enumerate(range(0, len(loaded.problems), chunk_size)):
-                problems = loaded.problems[first : first + chunk_size]
-                spec = builders.sampling_spec(
-                    config, seed=config.trainer.seed * 1_000_003 + chunk_index
-                )
-                requests = [
-                    (AGENT, prompt_ids(tokenizer, problem, prompt_format), n_samples)
-                    for problem in problems
-                ]
-                for problem, samples in zip(
-                    problems, spread_requests(actors)(requests, spec), strict=True
-                ):
-                    responses = [
-                        tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in samples
-                    ]
-                    scored = scorer.score_batch(
-                        [problem.problem] * n_samples, responses, [problem.answer] * n_samples
-                    )
-                    statuses.update(scored.statuses)
-                    scores_of.append(scored.scores)
-                    for index, sample in enumerate(
-                        zip(samples, responses, scored.scores, scored.statuses, strict=True)
-                    ):
-                        row = json.dumps(_row(problem, index, *sample), ensure_ascii=False)
-                        rows.write(row.encode("utf-8") + b"\n")
-                if on_progress:
-                    done = first + len(problems)
+            sampled = _sampled(fleet, config, loaded.problems, prompting, n_samples, chunk_size)
+            for done, (problem, samples) in enumerate(sampled, 1):
+                scored = _write_problem_rows(rows, problem, samples, tokenizer, scorer)
+                statuses.update(scored.statuses)
+                scores_of.append(scored.scores)
+                if on_progress and (done % chunk_size == 0 or done == len(loaded.problems)):
                     on_progress(done, len(loaded.problems), _mean(scores_of))
 
         write_atomically(output_file, write_rows)  # no half-written file if the run dies
-    finally:
-        scorer.close()
-        for actor in [*actors, sandbox] if sandbox else actors:
-            ray.kill(actor)
-        if started_ray:
-            ray.shutdown()
     return EstimateReport(
         output_file=output_file,
         num_prompts=len(scores_of),
@@ -163,6 +132,36 @@ def estimate_offline_values(
         statuses=dict(statuses),
         skipped_rows=loaded.skipped_rows,
     )
+
+
+def _sampled(
+    fleet, config: RunConfig, problems: list[MathProblem], prompting, n: int, chunk_size: int
+) -> Iterator[tuple[MathProblem, list]]:
+    """(problem, its n samples) for each problem in order, asked of the fleet `chunk_size`
+    problems at a time, chunk c sampled with the seed of "stage" c. prompting: (prompt format,
+    tokenizer)."""
+    from satseq.launch.settings import sampling_spec
+
+    problem_format, tokenizer = prompting
+    for chunk_index, first in enumerate(range(0, len(problems), chunk_size)):
+        chunk = problems[first : first + chunk_size]
+        spec = sampling_spec(config, seed=stage_seed(config.trainer.seed, chunk_index))
+        requests = [(AGENT, prompt_ids(tokenizer, p, problem_format), n) for p in chunk]
+        yield from zip(chunk, fleet.generate(requests, spec), strict=True)
+
+
+def _write_problem_rows(rows, problem: MathProblem, samples: list, tokenizer, scorer):
+    """One problem's samples decoded, scored by the training reward and written as JSONL rows;
+    returns the scorer's result (scores and statuses)."""
+    responses = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in samples]
+    n = len(samples)
+    scored = scorer.score_batch([problem.problem] * n, responses, [problem.answer] * n)
+    for index, sample in enumerate(
+        zip(samples, responses, scored.scores, scored.statuses, strict=True)
+    ):
+        row = json.dumps(_row(problem, index, *sample), ensure_ascii=False)
+        rows.write(row.encode("utf-8") + b"\n")
+    return scored
 
 
 def _row(

@@ -164,14 +164,17 @@ def merge_offline_values(
     report.files_of_shared_prompts = {p: fs for p, fs in files_of.items() if len(fs) > 1}
     report.conflicting_answers = {p: a for p, a in answers_of.items() if len(a) > 1}
     if dataset is not None:
-        dataset_prompts = dict.fromkeys(
-            problem.problem
-            for problem in load_problems(dataset, dataset_split, field_map, skip_bad_rows)
-        )
-        report.missing_prompts = [p for p in dataset_prompts if p not in report.values]
-        report.num_unknown_prompts = sum(p not in dataset_prompts for p in report.values)
+        problems = load_problems(dataset, dataset_split, field_map, skip_bad_rows).problems
+        _compare_with_dataset(report, problems)
     write_offline_values(report.values, output_file)
     return report
+
+
+def _compare_with_dataset(report: MergeReport, problems) -> None:
+    """The dataset's prompts that got no scores, and how many scored prompts it lacks."""
+    dataset_prompts = dict.fromkeys(problem.problem for problem in problems)
+    report.missing_prompts = [p for p in dataset_prompts if p not in report.values]
+    report.num_unknown_prompts = sum(p not in dataset_prompts for p in report.values)
 
 
 def _prompt_and_score(location: str, fields, read_error: str | None) -> tuple[str, float]:

@@ -35,19 +35,20 @@ def _write(path: Path, value: str) -> None:
     path.write_text(value)
 
 
-def _read_counter(path: Path, key: str) -> int:
-    """The value of `key` in a flat-keyed file such as memory.events ("oom_kill 3")."""
+def _read_counters(path: Path) -> dict[str, int]:
+    """A flat-keyed file such as memory.events ("oom_kill 3" a line) as {key: value}."""
+    counters = {}
     for line in path.read_text().splitlines():
         name, _, value = line.partition(" ")
-        if name == key:
-            return int(value)
-    return 0
+        counters[name] = int(value)
+    return counters
 
 
 class SlotCgroup(ABC):
     """The cgroup directories of one slot, one per hierarchy (one in total on v2)."""
 
     version: int
+    PINNED_MEMORY_KEYS: tuple[str, str]  # anonymous and shared memory, in memory.stat
 
     def __init__(self, directories: dict[str, Path]) -> None:
         self.directories = directories  # controller (or "unified") -> directory
@@ -68,6 +69,16 @@ class SlotCgroup(ABC):
     @abstractmethod
     def _pids_dir(self) -> Path:
         """The directory with pids.current and the slot's full cgroup.procs."""
+
+    @abstractmethod
+    def _memory_stat(self) -> Path:
+        """The slot's memory.stat."""
+
+    def pinned_memory(self) -> int:
+        """Bytes of anonymous and shared memory (tmpfs files, memory files) charged to the
+        slot: what no reclaim can take back, unlike the page cache and the kernel's caches."""
+        counters = _read_counters(self._memory_stat())
+        return sum(counters[key] for key in self.PINNED_MEMORY_KEYS)
 
     def process_count(self) -> int:
         """Tasks charged to the slot, zombies included until they are reaped."""
@@ -104,6 +115,7 @@ class SlotCgroup(ABC):
 
 class CgroupV1(SlotCgroup):
     version = 1
+    PINNED_MEMORY_KEYS = ("rss", "shmem")
 
     def set_limits(self, memory_mb: int, max_processes: int, cpus: float) -> None:
         memory = self.directories["memory"]
@@ -123,14 +135,18 @@ class CgroupV1(SlotCgroup):
             _write(self.directories["cpu"] / "cpu.cfs_quota_us", str(int(cpus * CPU_PERIOD_US)))
 
     def oom_kills(self) -> int:
-        return _read_counter(self.directories["memory"] / "memory.oom_control", "oom_kill")
+        return _read_counters(self.directories["memory"] / "memory.oom_control").get("oom_kill", 0)
 
     def _pids_dir(self) -> Path:
         return self.directories["pids"]
 
+    def _memory_stat(self) -> Path:
+        return self.directories["memory"] / "memory.stat"
+
 
 class CgroupV2(SlotCgroup):
     version = 2
+    PINNED_MEMORY_KEYS = ("anon", "shmem")
 
     @property
     def path(self) -> Path:
@@ -145,10 +161,13 @@ class CgroupV2(SlotCgroup):
             _write(self.path / "cpu.max", f"{int(cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
 
     def oom_kills(self) -> int:
-        return _read_counter(self.path / "memory.events", "oom_kill")
+        return _read_counters(self.path / "memory.events").get("oom_kill", 0)
 
     def _pids_dir(self) -> Path:
         return self.path
+
+    def _memory_stat(self) -> Path:
+        return self.path / "memory.stat"
 
     def kill_all(self) -> None:
         kill_file = self.path / "cgroup.kill"  # Linux 5.14+: one atomic write

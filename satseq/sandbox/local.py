@@ -74,6 +74,14 @@ class LocalSandboxSettings:
     start_timeout_s: float = 120.0
 
 
+def resolved_interpreter(python: str) -> str:
+    """`python` with every symlink in its directories resolved: the sandbox binds resolved
+    directories, so a `.venv` that links to a venv elsewhere must be started there. The file
+    itself stays as named: a venv's `bin/python` link is what makes it a venv."""
+    path = Path(python).absolute()
+    return str(path.parent.resolve() / path.name)
+
+
 def interpreter_paths(python: str) -> list[str]:
     """The directories the sandbox must see for `python` to start: its prefixes (a venv and
     the installation it was made from)."""
@@ -223,9 +231,11 @@ class LocalBackend:
 
     def __init__(self, settings: LocalSandboxSettings | None = None) -> None:
         self.settings = settings or LocalSandboxSettings()
+        python = resolved_interpreter(self.settings.python)
         slot_settings = {
             **{k: v for k, v in asdict(self.settings).items() if k != "min_isolation"},
-            "readable": interpreter_paths(self.settings.python),
+            "python": python,
+            "readable": interpreter_paths(python),
             "probe_timeout_s": 30.0,
         }
         self._slots = [

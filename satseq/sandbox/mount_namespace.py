@@ -1,24 +1,29 @@
-"""Make the interpreter reachable for slot uids when it lives under a private directory.
+"""The supervisor's own mount namespace: the interpreter made reachable for slot uids, and the
+slot's scratch directories mounted as size- and inode-capped tmpfs.
 
 A slot's code runs as an unprivileged uid, and so does bubblewrap, which resolves every bind
 source with that uid's permissions. An interpreter under /root (pyenv, conda, uv's default
-installs) is then unreachable, because /root is mode 0700.
+installs) is then unreachable, because /root is mode 0700. bubblewrap's own tmpfs mounts have
+a size but no inode cap, so a run could fill one with empty files.
 
-The fix is local to the supervisor process, which is root and owns nothing else: it moves
-into a private mount namespace, mounts a tmpfs over each blocking directory (/root), and binds
-back, read-only, just the paths the sandbox needs. Its children, bubblewrap included, see
-/root holding only the interpreter; the host's mount table does not change, and root's other
-files are hidden from the sandbox even where bubblewrap is missing.
+The fix for both is local to the supervisor process, which is root and owns nothing else: it
+moves into a private mount namespace, mounts a tmpfs over each blocking directory (/root) and
+binds back, read-only, just the paths the sandbox needs; and it mounts the slot's scratch
+tmpfs, which bubblewrap binds into the sandbox. Its children, bubblewrap included, see /root
+holding only the interpreter; the host's mount table does not change, and root's other files
+are hidden from the sandbox even where bubblewrap is missing.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import stat
 from pathlib import Path
 
 CLONE_NEWNS = 0x00020000
+MNT_DETACH = 2
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -55,10 +60,20 @@ def blocking_ancestor(path: Path) -> Path | None:
     return None
 
 
-def expose(paths: list[Path]) -> list[Path]:
-    """Make every path in `paths` reachable by any uid, for this process and its children.
+def enter_private_namespace() -> None:
+    """Move this process into a mount namespace of its own, whose mounts never reach the host.
 
     Must run as root, before any thread is started (unshare acts on the calling thread only).
+    """
+    _check(_libc.unshare(ctypes.c_int(CLONE_NEWNS)), "unshare(CLONE_NEWNS)")
+    # Without this, mounts below a shared mount point would propagate back to the host.
+    _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+
+
+def expose(paths: list[Path]) -> list[Path]:
+    """Make every path in `paths` reachable by any uid, for this process and its children,
+    which must be in a private mount namespace (`enter_private_namespace`).
+
     Returns the directories that were covered (empty if every path was reachable already).
     """
     blocked: dict[Path, list[Path]] = {}
@@ -68,9 +83,6 @@ def expose(paths: list[Path]) -> list[Path]:
             blocked.setdefault(ancestor, []).append(path)
     if not blocked:
         return []
-    _check(_libc.unshare(ctypes.c_int(CLONE_NEWNS)), "unshare(CLONE_NEWNS)")
-    # Without this, mounts below a shared mount point would propagate back to the host.
-    _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     # Open the paths before they are hidden, to bind them back from /proc/self/fd. (Opened
     # after unshare: a bind source must be a mount of the caller's own namespace.)
     handles = {path: os.open(path, os.O_PATH) for group in blocked.values() for path in group}
@@ -90,3 +102,22 @@ def expose(paths: list[Path]) -> list[Path]:
         for handle in handles.values():
             os.close(handle)
     return list(blocked)
+
+
+def mount_tmpfs(path: Path, size_bytes: int, inodes: int, owner: int) -> None:
+    """A fresh, empty tmpfs at `path` (made if missing) in place of any mounted there before:
+    at most `size_bytes` of data and `inodes` files and directories, mode 0700, owned by the
+    uid `owner`. Must run in a private mount namespace."""
+    unmount(path)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    options = f"size={size_bytes},nr_inodes={inodes},mode=0700,uid={owner},gid={owner}"
+    _mount("tmpfs", str(path), "tmpfs", MS_NOSUID | MS_NODEV, options)
+
+
+def unmount(path: Path) -> None:
+    """Detach the mount at `path`, if there is one; its memory is freed once no process uses
+    it any more."""
+    if _libc.umount2(str(path).encode(), ctypes.c_int(MNT_DETACH)) != 0:
+        code = ctypes.get_errno()
+        if code not in (errno.EINVAL, errno.ENOENT):  # not a mount point, or no such path
+            raise OSError(code, f"umount {path}: {os.strerror(code)}")

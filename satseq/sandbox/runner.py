@@ -4,8 +4,10 @@ The supervisor gives the zygote (zygote.py, through zygote_process.py) the run's
 stdin, the write ends of two output pipes and a status file, and watches the pipes until the
 zygote reports the run done, the deadline passes, or an output passes its limit; in the two
 last cases it tells the zygote to kill the run. The zygote answers "done" only once every
-process of the run is gone; if it does not, the supervisor stops it, sweeping the slot, and
-the next run gets a new one. Only then are the outputs drained and the status read.
+process of the run is gone and the scratch directories are reset; if it does not, or the run
+left memory or sockets behind (`ZygoteProcess.collect`), the supervisor stops it, sweeping
+the slot, and the next run gets a new one. Only then are the outputs drained and the status
+read. A run whose program could not start also stops its zygote.
 """
 
 from __future__ import annotations
@@ -174,17 +176,15 @@ def _classify(reason: str | None, status: dict | None, oom: bool, stderr: str, c
 
 
 def run_job(zygote: ZygoteProcess, job: Job) -> dict[str, Any]:
-    """Run `job` on the slot's zygote and return the result as a dict (see `ExecutionResult`).
+    """Run `job` on the slot's zygote, whose cgroup limits are the job's already, and return
+    the result as a dict (see `ExecutionResult`).
 
     Raises:
         ZygoteFailed: the zygote was gone before it took the job, which did not run.
     """
     env = zygote.env
     started = time.monotonic()
-    oom_before = 0
-    if env.cgroup is not None:
-        env.cgroup.set_limits(job.memory_mb, env.max_processes, env.cpus)
-        oom_before = env.cgroup.oom_kills()
+    oom_before = env.cgroup.oom_kills() if env.cgroup is not None else 0
     stdout_read, stdout_write = os.pipe()
     stderr_read, stderr_write = os.pipe()
     status_fd = os.memfd_create("satseq-status", os.MFD_CLOEXEC)
@@ -212,6 +212,8 @@ def run_job(zygote: ZygoteProcess, job: Job) -> dict[str, Any]:
     finally:
         for fd in (stdout_read, stderr_read, status_fd):
             os.close(fd)
+    if status is not None and status.get("error"):
+        zygote.stop()  # the program could not start: the zygote's state is suspect
     if reason is None and (stdout.overflowed or stderr.overflowed):
         reason = "output"
     oom = env.cgroup is not None and env.cgroup.oom_kills() > oom_before

@@ -12,7 +12,12 @@ It denies, with EPERM:
   queues, and POSIX message queues. A slot's namespaces last as long as its zygote, so such
   an object would carry one run's data into the next;
 - kernel attack surface that code has no use for: bpf, keyctl and friends, perf_event_open,
-  io_uring, userfaultfd, open_by_handle_at, module loading, kexec, reboot, swap, syslog, acct.
+  io_uring, userfaultfd, open_by_handle_at, module loading, kexec, reboot, swap, syslog, acct;
+- changing another process's resource limits, priority or scheduling: prlimit64 and the
+  sched_set* calls are allowed on the caller itself only (pid 0), setpriority and ioprio_set
+  only for the caller itself (PRIO_PROCESS / IOPRIO_WHO_PROCESS and 0). A run has the uid of
+  its zygote, which would otherwise pass the kernel's own check, and every later run of the
+  slot would inherit what it set (a 60 MB address space, one CPU, nice 19, 200 files).
 clone3 gets ENOSYS, because its flags sit behind a pointer that BPF cannot read; glibc then falls
 back to clone, whose flags it can. A system call of another architecture (the 32-bit or x32
 ABIs on x86_64) kills the process, because the numbers below would not mean the same there.
@@ -40,7 +45,11 @@ OFFSET_NR = 0
 OFFSET_ARCH = 4
 OFFSET_ARG0_LOW = 16  # little-endian: the low 32 bits of args[0]
 
+OFFSET_ARG1_LOW = 24
+
 AF_UNIX = 1
+PRIO_PROCESS = 0
+IOPRIO_WHO_PROCESS = 1
 X32_SYSCALL_BIT = 0x40000000
 CLONE_NEW_FLAGS = (
     0x00020000  # CLONE_NEWNS
@@ -51,6 +60,11 @@ CLONE_NEW_FLAGS = (
     | 0x20000000  # CLONE_NEWPID
     | 0x40000000  # CLONE_NEWNET
 )
+
+SELF_ONLY_SYSCALLS = (
+    "prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr",
+)  # fmt: skip
+"""Calls whose first argument is the target pid: allowed only with 0, the caller itself."""
 
 DENIED_SYSCALLS = (
     "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount",
@@ -90,7 +104,9 @@ X86_64 = Architecture(
         "finit_module": 313, "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320,
         "reboot": 169, "swapon": 167, "swapoff": 168, "syslog": 103, "acct": 163,
         "quotactl": 179, "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240,
-        "socket": 41, "socketpair": 53, "clone": 56, "clone3": 435,
+        "socket": 41, "socketpair": 53, "clone": 56, "clone3": 435, "prlimit64": 302,
+        "sched_setaffinity": 203, "sched_setscheduler": 144, "sched_setparam": 142,
+        "sched_setattr": 314, "setpriority": 141, "ioprio_set": 251,
     },
     x32=True,
 )  # fmt: skip
@@ -108,7 +124,9 @@ AARCH64 = Architecture(
         "finit_module": 273, "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294,
         "reboot": 142, "swapon": 224, "swapoff": 225, "syslog": 116, "acct": 89,
         "quotactl": 60, "shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180,
-        "socket": 198, "socketpair": 199, "clone": 220, "clone3": 435,
+        "socket": 198, "socketpair": 199, "clone": 220, "clone3": 435, "prlimit64": 261,
+        "sched_setaffinity": 122, "sched_setscheduler": 119, "sched_setparam": 118,
+        "sched_setattr": 274, "setpriority": 140, "ioprio_set": 30,
     },
     x32=False,
 )  # fmt: skip
@@ -153,6 +171,20 @@ class _Assembler:
         return bytes(program)
 
 
+def _allow_only_with(asm: _Assembler, label: str, arguments: dict[int, int]) -> None:
+    """At `label`: allow the call if each argument (its offset in seccomp_data: value) is equal,
+    else fail it with EPERM. Only the low 32 bits are compared: every argument checked here is an
+    int, which the kernel truncates to them. BPF jumps only forward, so each check ends in
+    returns of its own."""
+    asm.label(label)
+    for offset, value in arguments.items():
+        asm.load(offset)
+        asm.jump(BPF_JEQ_K, value, 0, f"{label}_denied")
+    asm.ret(SECCOMP_RET_ALLOW)
+    asm.label(f"{label}_denied")
+    asm.ret(SECCOMP_RET_ERRNO | errno.EPERM)
+
+
 def build_filter(arch: Architecture) -> bytes:
     """The filter for `arch` as `struct sock_filter[]` bytes (8 bytes per instruction)."""
     eperm = SECCOMP_RET_ERRNO | errno.EPERM
@@ -168,6 +200,10 @@ def build_filter(arch: Architecture) -> bytes:
         asm.label("checked_abi")
     for name in DENIED_SYSCALLS:
         asm.jump(BPF_JEQ_K, arch.numbers[name], "deny", 0)
+    for name in SELF_ONLY_SYSCALLS:
+        asm.jump(BPF_JEQ_K, arch.numbers[name], "self_pid", 0)
+    asm.jump(BPF_JEQ_K, arch.numbers["setpriority"], "own_priority", 0)
+    asm.jump(BPF_JEQ_K, arch.numbers["ioprio_set"], "own_io_priority", 0)
     asm.jump(BPF_JEQ_K, arch.numbers["socket"], "socket_family", 0)
     asm.jump(BPF_JEQ_K, arch.numbers["socketpair"], "socket_family", 0)
     asm.jump(BPF_JEQ_K, arch.numbers["clone"], "clone_flags", 0)
@@ -177,13 +213,12 @@ def build_filter(arch: Architecture) -> bytes:
     asm.ret(eperm)
     asm.label("no_clone3")
     asm.ret(SECCOMP_RET_ERRNO | errno.ENOSYS)
-    # BPF jumps only forward, so each argument check ends in its own returns.
-    asm.label("socket_family")
-    asm.load(OFFSET_ARG0_LOW)
-    asm.jump(BPF_JEQ_K, AF_UNIX, "unix_socket", 0)
-    asm.ret(eperm)
-    asm.label("unix_socket")
-    asm.ret(SECCOMP_RET_ALLOW)
+    _allow_only_with(asm, "self_pid", {OFFSET_ARG0_LOW: 0})
+    _allow_only_with(asm, "own_priority", {OFFSET_ARG0_LOW: PRIO_PROCESS, OFFSET_ARG1_LOW: 0})
+    _allow_only_with(
+        asm, "own_io_priority", {OFFSET_ARG0_LOW: IOPRIO_WHO_PROCESS, OFFSET_ARG1_LOW: 0}
+    )
+    _allow_only_with(asm, "socket_family", {OFFSET_ARG0_LOW: AF_UNIX})
     asm.label("clone_flags")
     asm.load(OFFSET_ARG0_LOW)
     asm.jump(BPF_JSET_K, CLONE_NEW_FLAGS, 0, "plain_clone")

@@ -1,5 +1,5 @@
-"""A slot's host-side resources: its uid claim, its cgroup, its working directory, and sweeps;
-and `SlotEnvironment`, everything about a slot that shapes its runs.
+"""A slot's host-side resources: its uid claim, its cgroup, its scratch directories, and
+sweeps; and `SlotEnvironment`, everything about a slot that shapes its runs.
 
 A slot is one unit of concurrency of the local backend. Each is served by its own supervisor
 process (supervisor.py), which holds these resources for its lifetime.
@@ -22,21 +22,26 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from satseq.sandbox import mount_namespace
 from satseq.sandbox.cgroups import SlotCgroup
 
 STATE_DIR = Path("/run/satseq-sandbox")
 UID_RANGE = 1000  # uids tried from the configured base
+INODES_PER_MB = 256
+"""The inode cap of a scratch tmpfs: one file or directory per 4 KiB of its size, which keeps
+the time to empty it between runs short (a few tenths of a second at most)."""
 
 
 @dataclass(frozen=True)
 class SlotEnvironment:
     """Everything about the slot that shapes a run; fixed after the supervisor's probe."""
 
-    python: str
-    readable: list[str]  # the interpreter's directories
+    python: str  # as the sandbox sees it
+    readable: list[str]  # the interpreter's directories, as the sandbox sees them
     bwrap_command: list[str] | None  # None: run without bubblewrap
     zygote: str  # the zygote script's path as the sandbox sees it
     workdir: str  # the working directory as the sandbox sees it
+    scratch_mounts: list[Path]  # tmpfs the supervisor mounts afresh for each zygote (root only)
     claim: UidClaim | None
     cgroup: SlotCgroup | None
     seccomp_filter: bytes | None
@@ -144,6 +149,23 @@ def wait_until(condition, timeout_s: float) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.002)
+
+
+def fresh_scratch(env: SlotEnvironment) -> None:
+    """Empty scratch directories for a new zygote: fresh tmpfs mounts where the supervisor
+    mounts them, else a fresh working directory on the host (without bubblewrap, which
+    otherwise mounts its own tmpfs)."""
+    size_bytes, inodes = env.disk_mb * 1024 * 1024, env.disk_mb * INODES_PER_MB
+    for path in env.scratch_mounts:
+        mount_namespace.mount_tmpfs(path, size_bytes, inodes, env.uid)
+    if not env.scratch_mounts and env.bwrap_command is None:
+        fresh_directory(Path(env.workdir), env.uid)
+
+
+def release_scratch(env: SlotEnvironment) -> None:
+    """Unmount the supervisor's scratch tmpfs, freeing what the runs left in them."""
+    for path in env.scratch_mounts:
+        mount_namespace.unmount(path)
 
 
 def fresh_directory(path: Path, uid: int | None) -> None:

@@ -30,8 +30,8 @@ from typing import Any
 from satseq.sandbox import bubblewrap, cgroups, mount_namespace, protocol, seccomp
 from satseq.sandbox.isolation import Layer
 from satseq.sandbox.runner import Job, run_job
-from satseq.sandbox.slot import SlotEnvironment, UidClaim
-from satseq.sandbox.zygote_process import SOURCES, ZygoteFailed, ZygoteProcess
+from satseq.sandbox.slot import SlotEnvironment, UidClaim, wait_until
+from satseq.sandbox.zygote_process import SOURCES, SWEEP_TIMEOUT_S, ZygoteFailed, ZygoteProcess
 
 PR_SET_CHILD_SUBREAPER = 36
 WORKDIR_ROOT = Path("/tmp/satseq-sandbox")
@@ -52,12 +52,15 @@ class Supervisor:
             self.missing[Layer.SUBREAPER] = os.strerror(ctypes.get_errno())
         self.claim: UidClaim | None = None
         self.exposure_error = ""
+        mounts_scratch = False  # whether it mounts the scratch tmpfs, with an inode cap
         if os.geteuid() == 0:
             self.claim = UidClaim.acquire(settings["uid_base"], settings["preferred_uid"])
             self.active[Layer.SLOT_UID] = f"uid {self.claim.uid}"
             readable = [Path(path) for path in settings["readable"]] + list(SOURCES)
             try:
+                mount_namespace.enter_private_namespace()
                 mount_namespace.expose(bubblewrap.outermost(readable))
+                mounts_scratch = True
             except OSError as error:  # e.g. a container without CAP_SYS_ADMIN
                 self.exposure_error = f"; could not expose {readable} to the slot uid: {error}"
         else:
@@ -71,6 +74,12 @@ class Supervisor:
         except (cgroups.CgroupUnavailable, OSError) as error:
             self.missing[Layer.CGROUP] = str(error)
         self.host_workdir = WORKDIR_ROOT / f"slot-{owner}"
+        # Where it mounts each scratch directory's tmpfs, by the sandbox's path for it; empty
+        # where bubblewrap mounts them (without an inode cap, which its options lack).
+        self.scratch_mounts = {
+            directory: self.host_workdir / Path(directory).name
+            for directory in (bubblewrap.SCRATCH if mounts_scratch else ())
+        }
         arch = seccomp.host_architecture()
         self.seccomp_filter = seccomp.build_filter(arch) if arch else None
         if arch is None:
@@ -80,16 +89,24 @@ class Supervisor:
     def _environment(self, bwrap: str | None, landlock: bool, seccomp_on: bool) -> SlotEnvironment:
         settings = self.settings
         readable = [Path(path) for path in settings["readable"]]
+        if bwrap:
+            seen_inside = bubblewrap.seen_inside
+            command = bubblewrap.bwrap_command(
+                bwrap, readable, list(SOURCES), settings["disk_mb"], self.scratch_mounts
+            )
+            workdir, scratch_mounts = bubblewrap.WORKDIR, list(self.scratch_mounts.values())
+        else:  # the program sees the host's paths, and only its working directory is scratch
+            seen_inside, command = Path, None
+            workdir_mount = self.host_workdir / Path(bubblewrap.WORKDIR).name
+            workdir = str(workdir_mount)
+            scratch_mounts = [workdir_mount] if self.scratch_mounts else []
         return SlotEnvironment(
-            python=settings["python"],
-            readable=settings["readable"],
-            bwrap_command=(
-                bubblewrap.bwrap_command(bwrap, readable, list(SOURCES), settings["disk_mb"])
-                if bwrap
-                else None
-            ),
+            python=str(seen_inside(Path(settings["python"]))),
+            readable=[str(seen_inside(path)) for path in readable],
+            bwrap_command=command,
             zygote=bubblewrap.in_sandbox(SOURCES[0]) if bwrap else str(SOURCES[0]),
-            workdir=bubblewrap.WORKDIR if bwrap else str(self.host_workdir),
+            workdir=workdir,
+            scratch_mounts=scratch_mounts,
             claim=self.claim,
             cgroup=self.cgroup,
             seccomp_filter=self.seccomp_filter if seccomp_on else None,
@@ -118,6 +135,8 @@ class Supervisor:
             memory_mb=self.settings["memory_mb"],
             max_output_bytes=65536,
         )
+        if self.cgroup is not None:
+            self.cgroup.set_limits(*self._limits(probe))
         result = run_job(zygote, probe)
         if result["status"] != "ok":
             zygote.stop()
@@ -176,11 +195,29 @@ class Supervisor:
         and one found gone as the job is handed over is replaced and handed the job again."""
         if not self.zygote.alive():
             self._replace_zygote()
+        if self.cgroup is not None:
+            self._set_limits(job)
         try:
             return run_job(self.zygote, job)
         except ZygoteFailed:
             self._replace_zygote()
             return run_job(self.zygote, job)
+
+    def _set_limits(self, job: Job) -> None:
+        """The job's cgroup limits. The kernel refuses a memory limit below what the slot holds
+        (EBUSY on cgroup v1): then the slot is reset, its zygote replaced, and the limits set
+        once what it held is freed."""
+        try:
+            self.cgroup.set_limits(*self._limits(job))
+        except OSError:
+            self._replace_zygote()
+            memory_limit = job.memory_mb * 1024 * 1024
+            wait_until(lambda: self.cgroup.pinned_memory() < memory_limit, SWEEP_TIMEOUT_S)
+            self.cgroup.set_limits(*self._limits(job))
+
+    def _limits(self, job: Job) -> tuple[int, int, float]:
+        """The slot cgroup's limits for `job`: memory (MB), tasks and CPUs."""
+        return job.memory_mb, self.settings["max_processes"], self.settings["cpus"]
 
     def _replace_zygote(self) -> None:
         self.zygote.stop()

@@ -1,4 +1,6 @@
-"""One agent of the served team: its engine behind a Ray Serve deployment (DESIGN §7).
+"""One agent of the served team: its engine behind a Ray Serve deployment (DESIGN §7); or the
+LoRA agents on one base behind one deployment, sharing one engine that holds every adapter
+(`satseq.actors.engines.lora`, DESIGN §12).
 
 `AgentModel` is the plain class (the benchmark calls it in-process); `AgentDeployment` serves
 it: the requests that arrive while its engine works go to the engine together, in as few calls
@@ -17,12 +19,13 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ray import serve
 
-from satseq.actors.engines import EngineKind, make_engine
+from satseq.actors.engines import Engine, EngineKind, make_engine
+from satseq.actors.engines.lora import team_engines
 from satseq.actors.tool_loop import SandboxClient, ToolLoop, tool_turns
 from satseq.actors.trajectory import Generation, SamplingSpec
 from satseq.config.schema import SandboxConfig, ToolConfig
@@ -48,20 +51,33 @@ HEALTH_CHECK_TIMEOUT_S = 10.0
 class AgentAnswers:
     """An agent's n samples of one request: the extracted answers (None: no answer found),
     the samples' log-probabilities, how long the engine call that made them took, how many
-    requests that call answered, and each sample's trajectory (`sample_trajectory`: its text
-    and tool turns)."""
+    requests that call answered, each sample's trajectory (`sample_trajectory`: its text
+    and tool turns), and each sample's number of new tokens."""
 
     answers: list[str | None]
     logprobs: list[float | None]
     generation_s: float
     batch_size: int
     trajectories: list[dict[str, Any]]
+    completion_tokens: list[int]
+
+    def samples(self, first: int, count: int) -> AgentAnswers:
+        """Samples first … first + count − 1 alone: one of several votes asked in one call."""
+        chosen = slice(first, first + count)
+        return replace(
+            self,
+            answers=self.answers[chosen],
+            logprobs=self.logprobs[chosen],
+            trajectories=self.trajectories[chosen],
+            completion_tokens=self.completion_tokens[chosen],
+        )
 
 
 class AgentModel:
     """One agent's engine on its HF model dir: prompt token ids in, extracted answers out.
     With `tools` enabled, a `sandbox` (a SandboxPool actor handle, or an in-process object with
-    an async `execute`) runs the model's code in the tool loop."""
+    an async `execute`) runs the model's code in the tool loop. `built_engine`: an engine made
+    already (a LoRA agent's, on the engine it shares), instead of one on `model_path`."""
 
     def __init__(
         self,
@@ -72,10 +88,13 @@ class AgentModel:
         seed: int = 0,
         tools: ToolConfig | None = None,
         sandbox: Any = None,
+        built_engine: Engine | None = None,
     ) -> None:
         if tools is not None and tools.enabled and sandbox is None:
             raise ValueError("an agent with tools needs a sandbox to run the model's code")
-        self.engine = make_engine(engine, model_path, seed=seed, **(engine_options or {}))
+        self.engine = built_engine or make_engine(
+            engine, model_path, seed=seed, **(engine_options or {})
+        )
         self.tokenizer = load_tokenizer(model_path)
         self.scorer = scorer
         self.sandbox: SandboxClient | None = None
@@ -113,6 +132,7 @@ class AgentModel:
                         self.sample_trajectory(g, text, answer)
                         for g, text, answer in zip(generations, texts, answers, strict=True)
                     ],
+                    [len(g.token_ids) for g in generations],
                 )
         return results
 
@@ -147,30 +167,53 @@ class AgentModel:
     health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,
 )
 class AgentDeployment:
-    """Serves one AgentModel. Scaling (num_replicas, autoscaling) comes from configs/serve.yaml.
-    With `tools` enabled the replica starts a SandboxPool actor on `sandbox`, its own."""
+    """Serves one AgentModel (`model_path` a directory), or the LoRA agents on one base
+    (`model_path` agent name → adapter directory, `seed` per agent) on one engine. Scaling
+    (num_replicas, autoscaling) comes from configs/serve.yaml. With `tools` enabled the replica
+    starts a SandboxPool actor on `sandbox`, its own."""
 
     def __init__(
         self,
-        model_path: str,
+        model_path: str | dict[str, str],
         scorer: RewardScorer,
         engine: EngineKind,
         engine_options: dict[str, Any],
-        seed: int,
+        seed: int | dict[str, int],
         tools: ToolConfig | None = None,
         sandbox: SandboxConfig | None = None,
     ) -> None:
         use_tools = tools is not None and tools.enabled
         # owned by this replica's process, so Ray ends it with the replica
         self.sandbox = start_sandbox_pool(sandbox or SandboxConfig()) if use_tools else None
-        self.model = AgentModel(
-            model_path, scorer, engine, engine_options, seed, tools, self.sandbox
-        )
+        common = (scorer, engine, engine_options)
+        if isinstance(model_path, str):  # one agent, whatever the ingress calls it
+            self.models = {None: AgentModel(model_path, *common, seed, tools, self.sandbox)}
+        else:
+            engines = team_engines(engine, model_path, seed, engine_options)
+            self.models = {
+                name: AgentModel(path, *common, seed[name], tools, self.sandbox, engines[name])
+                for name, path in model_path.items()
+            }
         # one batch at a time: the engine is never shared
-        self.batcher = EngineBatcher(self.model.answer, MAX_BATCH_SIZE)
+        self.batcher = EngineBatcher(self.answer_batch, MAX_BATCH_SIZE)
+
+    def answer_batch(self, requests: list[tuple[str | None, AgentRequest]]) -> list[AgentAnswers]:
+        """answers[i] for requests[i] = (agent, request), each agent's requests together."""
+        by_agent: dict[str | None, list[int]] = defaultdict(list)
+        for index, (agent, _) in enumerate(requests):
+            by_agent[agent if agent in self.models else None].append(index)
+        results: list[AgentAnswers | None] = [None] * len(requests)
+        for agent, indices in by_agent.items():
+            answers = self.models[agent].answer([requests[i][1] for i in indices])
+            for index, answer in zip(indices, answers, strict=True):
+                results[index] = answer
+        return results
 
     async def ready(self) -> bool:
         return True
 
-    async def answer(self, prompt_ids: list[int], n: int, spec: SamplingSpec) -> AgentAnswers:
-        return await self.batcher.submit((prompt_ids, n, spec))
+    async def answer(
+        self, prompt_ids: list[int], n: int, spec: SamplingSpec, agent: str | None = None
+    ) -> AgentAnswers:
+        """`agent`'s answers (the deployment's only agent's when it serves one)."""
+        return await self.batcher.submit((agent, (prompt_ids, n, spec)))

@@ -8,7 +8,8 @@ OpenAPI schema state the real limits.
 import hmac
 import json
 import time
-from typing import Annotated, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
@@ -57,16 +58,27 @@ class SampleTrajectory(BaseModel):
     turns: list[ToolTurn] = Field(description="one per model turn (one without tools)")
 
 
-class PredictResponse(BaseModel):
+class TeamVoteFields(BaseModel):
+    """One vote of the team: /predict's, and each of an OpenAI team completion's choices."""
+
     predicted_answer: str | None = Field(description="the team's vote; null: no agent answered")
     individual_answers: dict[str, list[str | None]] = Field(
         description="agent → its samples' extracted answers"
     )
     votes: dict[str, int] = Field(description="answer (a cluster's first) → votes")
     agreement: float = Field(description="the winner's share of the votes cast")
+
+
+class AnsweringAgentsFields(BaseModel):
+    """Which agents took part in a team's answer."""
+
     agents: list[str] = Field(description="the agents that answered")
     degraded: bool = Field(description="some agent failed or timed out; the others voted")
     failed_agents: dict[str, str] = Field(description="agent → why it has no answer")
+
+
+# (bases in this order keep the vote's fields first in the JSON)
+class PredictResponse(AnsweringAgentsFields, TeamVoteFields):
     latency_ms: float
     trajectories: dict[str, list[SampleTrajectory]] | None = Field(
         None, description="with return_trajectories: agent → each sample's turns"
@@ -97,6 +109,26 @@ class Team(Protocol):
     async def health(self) -> Health: ...
 
 
+def bounded_sampling_fields(settings: ServeConfig) -> dict[str, Any]:
+    """`temperature` and `max_tokens` with the deployment's bounds, as `create_model` takes
+    fields: /predict and the OpenAI routes accept the same values (null: the serve default)."""
+    return {
+        "temperature": (
+            float | None,
+            Field(None, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False, description="0: greedy"),
+        ),
+        "max_tokens": (
+            int | None,
+            Field(
+                None,
+                ge=1,
+                le=settings.max_tokens,
+                description="new tokens per sample (with tools: model and tool output together)",
+            ),
+        ),
+    }
+
+
 def predict_request_model(settings: ServeConfig) -> type[PredictFields]:
     return create_model(
         "PredictRequest",
@@ -113,19 +145,7 @@ def predict_request_model(settings: ServeConfig) -> type[PredictFields]:
             int | None,
             Field(None, ge=1, le=settings.max_samples_per_agent, description="K per agent"),
         ),
-        temperature=(
-            float | None,
-            Field(None, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False, description="0: greedy"),
-        ),
-        max_tokens=(
-            int | None,
-            Field(
-                None,
-                ge=1,
-                le=settings.max_tokens,
-                description="new tokens per sample (with tools: model and tool output together)",
-            ),
-        ),
+        **bounded_sampling_fields(settings),
         return_trajectories=(
             bool,
             Field(False, description="also return each sample's text and tool turns"),
@@ -137,6 +157,10 @@ ERRORS = {
     401: {"description": "the API key is set and the request lacks `Authorization: Bearer KEY`"},
     413: {"description": "the problem is too long (characters, or tokens for an agent's context)"},
     422: {"description": "the body is malformed or out of bounds; the detail says which field"},
+    429: {
+        "description": "every agent shed the request (its deployment's max_queued_requests is "
+        "full): retry after Retry-After seconds"
+    },
     503: {"description": "every agent failed"},
     504: {"description": "no agent answered within the request timeout"},
 }
@@ -166,14 +190,10 @@ class PredictObserver:
         await self.app(scope, receive, observed_send)
 
 
-def make_api(team: Team) -> FastAPI:
-    settings = team.settings
-    PredictRequest = predict_request_model(settings)
+def api_key_check(team: Team) -> Callable[..., Awaitable[None]]:
+    """The dependency of /predict and the OpenAI routes: when the team's API key is set, 401
+    unless the request sends `Authorization: Bearer <key>`."""
     bearer = HTTPBearer(auto_error=False, description="needed when the API key is set")
-    app = FastAPI(
-        title="satseq team",
-        description="A trained team of LLM agents answering math problems by majority vote.",
-    )
 
     async def check_api_key(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
@@ -188,6 +208,18 @@ def make_api(team: Team) -> FastAPI:
                 "missing or wrong API key: send the header `Authorization: Bearer <key>`",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+
+    return check_api_key
+
+
+def make_api(team: Team) -> FastAPI:
+    settings = team.settings
+    PredictRequest = predict_request_model(settings)
+    check_api_key = api_key_check(team)
+    app = FastAPI(
+        title="satseq team",
+        description="A trained team of LLM agents answering math problems by majority vote.",
+    )
 
     @app.exception_handler(RequestValidationError)
     async def unprocessable(request: Request, error: RequestValidationError) -> Response:

@@ -5,8 +5,10 @@ The same graph runs three ways:
 - `serve run configs/serve.yaml` or `serve deploy`: Ray calls `build_app(args)`;
 - a KubeRay RayService (deploy/rayservice.yaml), whose serveConfigV2 is configs/serve.yaml.
 
-Deployments are named `agent_<name>` (one per agent) and `TeamIngress`; configs/serve.yaml
-sets their replicas and autoscaling by those names.
+Deployments are named `agent_<name>` (one per agent with a model of its own), `lora_base_<k>`
+(one per base of LoRA agents, k counting the bases in agent order: one engine with every
+adapter, DESIGN §12) and `TeamIngress`; configs/serve.yaml sets their replicas and autoscaling
+by those names.
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ from pydantic import ValidationError
 from ray import serve
 from ray.serve import Application
 
-from satseq.config import RunConfig
+from satseq.config import RunConfig, run_config_for
 from satseq.config.load import SERVE_CONFIG, format_validation_error
 from satseq.config.schema import ServeConfig
 from satseq.evaluation.checkpoints import resolve_team
-from satseq.evaluation.runner import run_config_for
-from satseq.launch import builders
 from satseq.launch.connection import connect
+from satseq.launch.settings import prompt_format, reward_scorer
+from satseq.models import is_adapter_dir
+from satseq.models.adapters import adapter_base
+from satseq.seeds import agent_seed
 from satseq.serving.agent import AgentDeployment
 from satseq.serving.ingress import TeamIngress
 
@@ -36,6 +40,7 @@ log = logging.getLogger(__name__)
 
 INGRESS = "TeamIngress"
 AGENT_PREFIX = "agent_"
+LORA_BASE_PREFIX = "lora_base_"
 PROXY_ENV = {"RAY_SERVE_PROXY_USE_GRPC": "1"}
 """Serve's HTTP proxy hands each request to the ingress over gRPC instead of as a Ray actor
 call: about 2 ms less per request on a busy 2-core machine. The proxy reads it when its process
@@ -52,44 +57,63 @@ def team_app(
     settings: ServeConfig,
     deployment_options: dict[str, dict[str, Any]] | None = None,
 ) -> Application:
-    """The graph: an AgentDeployment per agent of `settings.checkpoint_dir`, bound into the
-    TeamIngress. `deployment_options` (by deployment name) are Ray Serve deployment options;
-    names the team lacks are ignored with a warning (`serve run` would refuse them). With
-    `rollout.tools.enabled` each agent answers through the tool loop (`rollout.tools`,
-    `sandbox`), as in training."""
+    """The graph: an AgentDeployment per agent of `settings.checkpoint_dir` (per base for its
+    LoRA agents, `deployment_groups`), bound into the TeamIngress. `deployment_options` (by
+    deployment name) are Ray Serve deployment options; names the team lacks are ignored with a
+    warning (`serve run` would refuse them). With `rollout.tools.enabled` each agent answers
+    through the tool loop (`rollout.tools`, `sandbox`), as in training."""
     if not settings.checkpoint_dir:
         raise ServeConfigError("serve.checkpoint_dir is not set: pass --checkpoint-dir")
     options = dict(deployment_options or {})
     team = resolve_team(settings.checkpoint_dir, settings.stage)
-    scorer = builders.reward_scorer(config)
+    scorer = reward_scorer(config)
     tools = config.rollout.tools if config.rollout.tools.enabled else None
+    seeds = {name: agent_seed(settings.seed, k) for k, name in enumerate(team.agent_paths)}
     agents = {}
-    for k, (name, path) in enumerate(team.agent_paths.items()):
-        deployment = f"{AGENT_PREFIX}{name}"
-        agents[name] = AgentDeployment.options(name=deployment, **options.pop(deployment, {})).bind(
-            str(path),
+    for deployment, paths in deployment_groups(team.agent_paths).items():
+        shared = deployment.startswith(LORA_BASE_PREFIX)
+        handle = AgentDeployment.options(name=deployment, **options.pop(deployment, {})).bind(
+            paths if shared else next(iter(paths.values())),
             scorer,
             settings.engine,
-            {"num_threads": settings.engine_threads},
-            settings.seed + k,
+            {"num_threads": settings.engine_threads, "fp32_head": config.trainer.fp32_head},
+            {name: seeds[name] for name in paths} if shared else seeds[next(iter(paths))],
             tools,
             config.sandbox,
         )
+        agents |= dict.fromkeys(paths, handle)
+    deployments = [INGRESS, *deployment_groups(team.agent_paths)]
     ingress = TeamIngress.options(name=INGRESS, **options.pop(INGRESS, {}))
     if options:
         log.warning(
             "the serve config sets deployments %s, which this team does not have (its "
             "deployments are %s): ignored; agents without settings get Ray Serve's defaults",
             sorted(options),
-            [INGRESS, *(AGENT_PREFIX + n for n in agents)],
+            deployments,
         )
     return ingress.bind(
         agents,
         {name: str(path) for name, path in team.agent_paths.items()},
-        builders.prompt_format(config),
+        prompt_format(config),
         scorer,
         settings,
     )
+
+
+def deployment_groups(agent_paths: dict[str, Path]) -> dict[str, dict[str, str]]:
+    """Deployment name → the agents it serves (name → directory), in agent order:
+    `agent_<name>` for a full model, `lora_base_<k>` for the LoRA agents on the k-th base."""
+    groups: dict[str, dict[str, str]] = {}
+    bases: list[Path] = []
+    for name, path in agent_paths.items():
+        if not is_adapter_dir(path):
+            groups[f"{AGENT_PREFIX}{name}"] = {name: str(path)}
+            continue
+        base = adapter_base(path)
+        if base not in bases:
+            bases.append(base)
+        groups.setdefault(f"{LORA_BASE_PREFIX}{bases.index(base)}", {})[name] = str(path)
+    return groups
 
 
 def build_app(args: dict[str, Any]) -> Application:

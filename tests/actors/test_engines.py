@@ -275,14 +275,14 @@ def test_weights_streamed_in_buckets_give_the_engine_of_one_whole_push(
 
     engine = engines(kind, tying)
     learner = Learner(LearnerSpec(model_path=model_paths[tying], agent_index=0))
-    tokenizer = learner.tokenizer
+    tokenizer = learner.policy.tokenizer
     trajectories = [
         trajectory(i, encode(tokenizer, prompt), encode(tokenizer, response))
         for i, (prompt, response) in enumerate(TEXTS)
     ]
     sequences = [t.prompt_ids + t.response_ids for t in trajectories]
     starts = [len(t.prompt_ids) for t in trajectories]
-    perturb_(learner.model, seed=7)
+    perturb_(learner.policy.model, seed=7)
     engine.load_weights(learner.weights())
     whole = engine_logprobs(engine, sequences, starts, 1.0)
 
@@ -292,15 +292,15 @@ def test_weights_streamed_in_buckets_give_the_engine_of_one_whole_push(
     )
     buckets = list(learner.weight_buckets(layer_mb))
     assert len(buckets) > 2
-    perturb_(learner.model, seed=8)
+    perturb_(learner.policy.model, seed=8)
     engine.load_weights(learner.weights())  # other weights in between
     assert not torch.equal(engine_logprobs(engine, sequences, starts, 1.0), whole)
     for bucket in buckets:
         engine.load_weights(bucket)
     assert torch.equal(engine_logprobs(engine, sequences, starts, 1.0), whole)
 
-    perturb_(learner.model, seed=8, scale=-0.05)  # back to seed 7's weights, up to rounding
+    perturb_(learner.policy.model, seed=8, scale=-0.05)  # back to seed 7's weights, up to rounding
     batch = pad_batch(trajectories, tokenizer.pad_token_id)
     with torch.no_grad():
-        expected = response_logprobs(PolicyTrunk(learner.model), batch, 1.0)
+        expected = response_logprobs(PolicyTrunk(learner.policy.model), batch, 1.0)
     assert (whole - expected[batch.response_mask.bool()]).abs().max() < 1e-3

@@ -57,12 +57,12 @@ def make_learner(
 
 def test_logprobs_are_teacher_forced_at_the_sampling_temperature(raw_tiny_model):
     learner = make_learner(raw_tiny_model, temperature=0.7)
-    batch_trajs = trajectories(learner.tokenizer)
+    batch_trajs = trajectories(learner.policy.tokenizer)
     logp = learner.logprobs(batch_trajs)
     t = batch_trajs[1]
     ids = torch.tensor([t.prompt_ids + t.response_ids])
     with torch.no_grad():
-        logits = learner.model(input_ids=ids).logits[0]
+        logits = learner.policy.model(input_ids=ids).logits[0]
     start = len(t.prompt_ids)
     expected = token_logprobs(
         logits[start - 1 : -1].unsqueeze(0), torch.tensor([t.response_ids]), 0.7
@@ -72,9 +72,9 @@ def test_logprobs_are_teacher_forced_at_the_sampling_temperature(raw_tiny_model)
 
 def test_update_moves_logprobs_in_the_direction_of_the_advantage(raw_tiny_model):
     # small steps, so each sequence moves by its own gradient rather than its neighbours'
-    learner = make_learner(raw_tiny_model, lr=1e-4, kl_estimator="k3", update_steps=3)
-    batch_trajs = trajectories(learner.tokenizer)
-    mask = pad_batch(batch_trajs, learner.pad_token_id).response_mask
+    learner = make_learner(raw_tiny_model, lr=1e-4, kl_estimator="k3", ppo_epochs=3)
+    batch_trajs = trajectories(learner.policy.tokenizer)
+    mask = pad_batch(batch_trajs, learner.policy.pad_token_id).response_mask
     logp_cur = learner.logprobs(batch_trajs)
     A = torch.tensor([1.0, -1.0, 1.0, -1.0])
     result = learner.update(batch_trajs, logp_cur, A, torch.ones(4))
@@ -87,16 +87,16 @@ def test_update_moves_logprobs_in_the_direction_of_the_advantage(raw_tiny_model)
 
 def test_violated_trust_region_restores_weights_and_grows_beta(raw_tiny_model):
     learner = make_learner(raw_tiny_model, target_kl=1e-12, max_backtracks=1, kl_coef=0.1)
-    batch_trajs = trajectories(learner.tokenizer)
-    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    batch_trajs = trajectories(learner.policy.tokenizer)
+    before = {k: v.clone() for k, v in learner.policy.model.state_dict().items()}
     logp_cur = learner.logprobs(batch_trajs)
     result = learner.update(
         batch_trajs, logp_cur, torch.tensor([1.0, -1.0, 1.0, -1.0]), torch.ones(4)
     )
     assert result.accepted_steps == 0 and result.backtracks == 1
     assert learner.region.beta == pytest.approx(0.1 * 1.5**2)
-    assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
-    assert learner.optimizer.state_dict()["state"] == {}
+    assert all(torch.equal(before[k], v) for k, v in learner.policy.model.state_dict().items())
+    assert learner.policy.optimizer.state_dict()["state"] == {}
     assert torch.equal(result.logp_hat, logp_cur)
 
 
@@ -106,9 +106,9 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(raw_tiny_model):
         learner = make_learner(raw_tiny_model, micro_batch_size=micro, kl_estimator="k3")
         # plain SGD: the step is then exactly the accumulated gradient (AdamW's first step is
         # ~lr·sign(g) and would magnify float noise on near-zero gradients)
-        learner.optimizer = torch.optim.SGD(learner.model.parameters(), lr=0.1)
+        learner.policy.optimizer = torch.optim.SGD(learner.policy.model.parameters(), lr=0.1)
         initial = learner.weights()
-        batch_trajs = trajectories(learner.tokenizer)
+        batch_trajs = trajectories(learner.policy.tokenizer)
         A = torch.tensor([1.0, -0.5, 0.3, -1.0])
         learner.update(batch_trajs, learner.logprobs(batch_trajs), A, torch.ones(4))
         steps.append(torch.cat([(v - initial[k]).flatten() for k, v in learner.weights().items()]))
@@ -123,8 +123,9 @@ ON_POLICY_UPDATES = {
         loss=LossSpec(ratio="token", aggregation="token_mean"),
         trust_region=TrustRegionSpec(enabled=False, kl_estimator="k3"),
     ),
-    "two trust-region steps, exact KL": dict(update_steps=2),
-    "three steps, k3 KL": dict(update_steps=3, kl_estimator="k3"),
+    "two trust-region steps, exact KL": dict(ppo_epochs=2),
+    "three steps, k3 KL": dict(ppo_epochs=3, kl_estimator="k3"),
+    "two epochs of two mini-batches": dict(ppo_epochs=2, mini_batch_size=2),
     "a rejected step, retried after a restore": dict(
         target_kl=1e-12, max_backtracks=1, kl_coef=0.1
     ),
@@ -141,7 +142,7 @@ def test_on_policy_update_takes_behaviour_logprobs_from_its_first_forward_pass(
     results, weights = [], []
     for from_update in (False, True):
         learner = make_learner(raw_tiny_model, lr=1e-3, **settings)
-        batch_trajs = trajectories(learner.tokenizer)
+        batch_trajs = trajectories(learner.policy.tokenizer)
         logp_cur = None if from_update else learner.logprobs(batch_trajs)
         results.append(learner.update(batch_trajs, logp_cur, A, torch.ones(4)))
         weights.append(learner.weights())
@@ -170,7 +171,9 @@ def test_unmeasured_plain_steps_take_the_measured_steps_without_the_pass_after_t
         plain = TrustRegionSpec(enabled=False, kl_estimator="k3", measure=measure)
         loss = LossSpec(ratio="token", aggregation="token_mean")
         learner = make_learner(raw_tiny_model, lr=1e-3, trust_region=plain, loss=loss)
-        results.append(learner.update(trajectories(learner.tokenizer), None, A, torch.ones(4)))
+        results.append(
+            learner.update(trajectories(learner.policy.tokenizer), None, A, torch.ones(4))
+        )
         weights.append(learner.weights())
     measured, unmeasured = results
     assert measured.kl_quantile > 0 and measured.logp_hat is not None
@@ -184,7 +187,7 @@ def test_unmeasured_plain_steps_take_the_measured_steps_without_the_pass_after_t
 
 def test_only_the_agents_own_tokens_are_trained(raw_tiny_model):
     learner = make_learner(raw_tiny_model)  # agent 0
-    batch_trajs = trajectories(learner.tokenizer, owners=(1, 1, 2, 2))
+    batch_trajs = trajectories(learner.policy.tokenizer, owners=(1, 1, 2, 2))
     before = learner.weights()
     result = learner.update(
         batch_trajs, learner.logprobs(batch_trajs), torch.ones(4), torch.ones(4)
@@ -197,7 +200,7 @@ def test_state_round_trip_through_a_checkpoint_file(raw_tiny_model, tmp_path):
     """What a learner writes to its checkpoint file resumes it exactly: β, weights, and the
     next update (the optimiser's moments included)."""
     learner = make_learner(raw_tiny_model)
-    batch_trajs = trajectories(learner.tokenizer)
+    batch_trajs = trajectories(learner.policy.tokenizer)
     learner.update(batch_trajs, learner.logprobs(batch_trajs), torch.ones(4), torch.ones(4))
     other = make_learner(raw_tiny_model)
     other.load_state(learner.save_state(str(tmp_path / "stage_0" / "learner_0.pt")))
@@ -218,7 +221,7 @@ def test_reset_returns_a_learner_to_its_initial_state(raw_tiny_model):
     """A retry of stage 0 resets the learners: weights, β and the next update as if new."""
     learner = make_learner(raw_tiny_model, target_kl=1e-3)
     fresh = make_learner(raw_tiny_model, target_kl=1e-3)
-    batch_trajs = trajectories(learner.tokenizer)
+    batch_trajs = trajectories(learner.policy.tokenizer)
     learner.update(batch_trajs, learner.logprobs(batch_trajs), torch.ones(4), torch.ones(4))
     learner.reset()
     assert learner.region.beta == fresh.region.beta
@@ -227,12 +230,14 @@ def test_reset_returns_a_learner_to_its_initial_state(raw_tiny_model):
     assert all(torch.equal(fresh.weights()[k], v) for k, v in learner.weights().items())
 
 
-def test_value_head_starts_at_zero_and_fits_the_returns_of_the_agents_tokens(raw_tiny_model):
+def test_value_head_starts_at_zero_and_fits_the_returns_of_the_agents_tokens(
+    raw_tiny_model, tmp_path
+):
     """`gae` mode's critic: V = 0 at first (GAE = discounted returns); fitting moves V towards
     the returns on the agent's own tokens, and never the policy."""
     learner = make_learner(raw_tiny_model, value_lr=5e-2, value_steps=60)
-    batch_trajs = trajectories(learner.tokenizer, owners=(0, 0, 1, 0))
-    own = pad_batch(batch_trajs, learner.pad_token_id).response_mask
+    batch_trajs = trajectories(learner.policy.tokenizer, owners=(0, 0, 1, 0))
+    own = pad_batch(batch_trajs, learner.policy.pad_token_id).response_mask
     own[2] = 0  # agent 1's trajectory
     assert torch.equal(learner.values(batch_trajs), torch.zeros(own.shape))
     policy = learner.weights()
@@ -244,9 +249,12 @@ def test_value_head_starts_at_zero_and_fits_the_returns_of_the_agents_tokens(raw
     assert all(torch.equal(policy[k], v) for k, v in learner.weights().items())
 
     untouched = make_learner(raw_tiny_model, value_lr=5e-2)
-    assert untouched.fit_values(trajectories(learner.tokenizer, owners=(1, 1, 1, 1)), returns) == 0
+    assert (
+        untouched.fit_values(trajectories(learner.policy.tokenizer, owners=(1, 1, 1, 1)), returns)
+        == 0
+    )
     assert torch.equal(untouched.values(batch_trajs), torch.zeros(own.shape))
 
     restored = make_learner(raw_tiny_model, value_lr=5e-2)
-    restored.load_state_dict(learner.state_dict())
+    restored.load_state(learner.save_state(str(tmp_path / "learner.pt")))
     assert torch.equal(restored.values(batch_trajs), V)

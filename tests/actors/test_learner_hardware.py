@@ -71,9 +71,9 @@ def test_the_guard_catches_a_tensor_created_without_its_device():
 )
 def test_every_tensor_the_learner_creates_names_its_device(raw_tiny_model, loss, trust_region):
     agent = learner(
-        raw_tiny_model, loss=loss, trust_region=trust_region, update_steps=2, value_lr=1e-2
+        raw_tiny_model, loss=loss, trust_region=trust_region, ppo_epochs=2, value_lr=1e-2
     )
-    trajectories = batch(agent.tokenizer)
+    trajectories = batch(agent.policy.tokenizer)
     guard = NamedDevices()
     with guard:
         result, _ = update(agent, trajectories)
@@ -82,7 +82,7 @@ def test_every_tensor_the_learner_creates_names_its_device(raw_tiny_model, loss,
         agent.values(trajectories)
         agent.fit_values(trajectories, torch.ones(pad_batch(trajectories, 0).response_mask.shape))
         agent.weights()
-        agent.state_dict()
+        agent.state.state_dict()
     assert result.steps and on_policy.steps, "the updates must have run"
     assert guard.violations == []
 
@@ -108,12 +108,12 @@ def test_bf16_compute_keeps_a_1e6_step_in_the_float32_master_weights(raw_tiny_mo
         trust_region=TrustRegionSpec(enabled=False, kl_estimator="k3"),
         loss=LossSpec(ratio="token", aggregation="token_mean"),
     )
-    assert all(p.dtype == torch.float32 for p in agent.model.parameters())
-    before = {n: p.detach().clone() for n, p in agent.model.named_parameters()}
-    update(agent, batch(agent.tokenizer))
-    grads = {n: p.grad for n, p in agent.model.named_parameters() if p.grad is not None}
-    after = {n: p.detach() for n, p in agent.model.named_parameters()}
-    assert all(s["exp_avg"].dtype == torch.float32 for s in agent.optimizer.state.values())
+    assert all(p.dtype == torch.float32 for p in agent.policy.model.parameters())
+    before = {n: p.detach().clone() for n, p in agent.policy.model.named_parameters()}
+    update(agent, batch(agent.policy.tokenizer))
+    grads = {n: p.grad for n, p in agent.policy.model.named_parameters() if p.grad is not None}
+    after = {n: p.detach() for n, p in agent.policy.model.named_parameters()}
+    assert all(s["exp_avg"].dtype == torch.float32 for s in agent.policy.optimizer.state.values())
     assert changed_fraction(before, after, grads) >= 0.99
 
     # the same AdamW step applied to bf16 weights rounds most of it away (why masters are fp32)
@@ -125,20 +125,20 @@ def test_bf16_compute_keeps_a_1e6_step_in_the_float32_master_weights(raw_tiny_mo
 def test_bf16_checkpoints_and_engine_weights_are_in_the_compute_dtype(raw_tiny_model, tmp_path):
     agent = learner(raw_tiny_model, dtype="bfloat16")
     assert all(w.dtype == torch.bfloat16 for w in agent.weights().values())
-    assert all(w.dtype == torch.float32 for w in agent.state_dict()["model"].values())
+    assert all(w.dtype == torch.float32 for w in agent.state.state_dict()["model"].values())
     saved = agent.save_pretrained(str(tmp_path / "hf"))
     assert {w.dtype for w in load_file(f"{saved}/model.safetensors").values()} == {torch.bfloat16}
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "bfloat16"
     reloaded = learner(saved)  # loads as float32 masters again
     bf16_values = {name: w.float() for name, w in agent.weights().items()}
     torch.testing.assert_close(reloaded.weights(), bf16_values, rtol=0, atol=0)
-    assert all(p.dtype == torch.float32 for p in reloaded.model.parameters())
+    assert all(p.dtype == torch.float32 for p in reloaded.policy.model.parameters())
     fp32 = learner(raw_tiny_model, dtype="bfloat16", save_dtype="float32")
     assert all(w.dtype == torch.float32 for w in fp32.weights().values())
 
 
 def test_bf16_logprobs_stay_close_to_float32(raw_tiny_model):
-    trajectories = batch(learner(raw_tiny_model).tokenizer)
+    trajectories = batch(learner(raw_tiny_model).policy.tokenizer)
     fp32 = learner(raw_tiny_model).logprobs(trajectories)
     bf16 = learner(raw_tiny_model, dtype="bfloat16").logprobs(trajectories)
     mask = pad_batch(trajectories, 0).response_mask
@@ -156,10 +156,10 @@ def test_no_vocabulary_tensor_exceeds_one_chunk(raw_tiny_model, estimator):
         raw_tiny_model,
         logit_chunk_tokens=chunk,
         trust_region=TrustRegionSpec(target_kl=1e-9, max_backtracks=1, kl_estimator=estimator),
-        update_steps=2,
+        ppo_epochs=2,
     )
-    trajectories = batch(agent.tokenizer)
-    watch = LargestVocabularyTensor(agent.model.config.vocab_size)
+    trajectories = batch(agent.policy.tokenizer)
+    watch = LargestVocabularyTensor(agent.policy.model.config.vocab_size)
     with watch:
         update(agent, trajectories)
     total_response_tokens = sum(len(t.response_ids) for t in trajectories)
@@ -168,26 +168,27 @@ def test_no_vocabulary_tensor_exceeds_one_chunk(raw_tiny_model, estimator):
 
 def test_the_update_kl_equals_a_slow_reference_with_a_model_copy(raw_tiny_model):
     agent = learner(raw_tiny_model, logit_chunk_tokens=3)
-    start = copy.deepcopy(agent.model)
-    trajectories = batch(agent.tokenizer)
+    start = copy.deepcopy(agent.policy.model)
+    trajectories = batch(agent.policy.tokenizer)
     result, _ = update(agent, trajectories)
-    padded = pad_batch(trajectories, agent.pad_token_id)
+    padded = pad_batch(trajectories, agent.policy.pad_token_id)
     seq_kls = []
     with torch.no_grad():
         for i, t in enumerate(trajectories):
             ids = torch.tensor([t.prompt_ids + t.response_ids])
             s, n = len(t.prompt_ids), len(t.response_ids)
-            theta = agent.model(input_ids=ids).logits[:, s - 1 : s - 1 + n]
+            theta = agent.policy.model(input_ids=ids).logits[:, s - 1 : s - 1 + n]
             cur = start(input_ids=ids).logits[:, s - 1 : s - 1 + n]
             per_token = kl_exact(theta, cur, agent.spec.temperature)
             seq_kls.append(sequence_kl(per_token, padded.response_mask[i : i + 1, :n]))
-    expected = kl_quantile(torch.cat(seq_kls), agent.spec.trust_region.alpha)
+    region = agent.spec.trust_region
+    expected = kl_quantile(torch.cat(seq_kls), region.alpha, region.dkw_eta)
     assert expected > 0
     assert result.kl_quantile == pytest.approx(expected, rel=1e-4, abs=1e-7)
 
 
 def test_token_budget_micro_batches_respect_the_budget_and_give_the_same_step(raw_tiny_model):
-    trajectories = batch(learner(raw_tiny_model).tokenizer, n=7)
+    trajectories = batch(learner(raw_tiny_model).policy.tokenizer, n=7)
     budget = 2 * max(len(t.prompt_ids) + len(t.response_ids) for t in trajectories)
     steps, shapes = [], []
     for limit in (None, budget):
@@ -197,8 +198,8 @@ def test_token_budget_micro_batches_respect_the_budget_and_give_the_same_step(ra
             max_tokens_per_micro_batch=limit,
             trust_region=TrustRegionSpec(kl_estimator="k3"),
         )
-        agent.optimizer = torch.optim.SGD(agent.model.parameters(), lr=0.1)
-        shapes.append([b.input_ids.shape for _, b in agent._micro_batches(trajectories)])
+        agent.policy.optimizer = torch.optim.SGD(agent.policy.model.parameters(), lr=0.1)
+        shapes.append([b.input_ids.shape for _, b in agent.policy.micro_batches(trajectories)])
         initial = agent.weights()
         update(agent, trajectories)
         steps.append(torch.cat([(v - initial[k]).flatten() for k, v in agent.weights().items()]))
@@ -225,7 +226,7 @@ def saved_activation_bytes(agent, trajectories) -> tuple[int, torch.Tensor]:
 
 
 def test_gradient_checkpointing_changes_memory_not_results(raw_tiny_model):
-    trajectories = batch(learner(raw_tiny_model).tokenizer)
+    trajectories = batch(learner(raw_tiny_model).policy.tokenizer)
     plain_bytes, plain_logp = saved_activation_bytes(learner(raw_tiny_model), trajectories)
     agent = learner(raw_tiny_model, gradient_checkpointing=True)
     checkpointed_bytes, checkpointed_logp = saved_activation_bytes(agent, trajectories)

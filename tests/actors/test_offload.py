@@ -13,7 +13,7 @@ from tests.actors.test_learner import make_learner, trajectories
 
 
 def parameter_bytes(learner) -> int:
-    return sum(p.numel() * 4 for p in learner.model.parameters())  # float32 masters
+    return sum(p.numel() * 4 for p in learner.policy.model.parameters())  # float32 masters
 
 
 def update(learner, batch, A=(1.0, -1.0, 1.0, -1.0)):
@@ -23,7 +23,7 @@ def update(learner, batch, A=(1.0, -1.0, 1.0, -1.0)):
 def optimizer_state(learner) -> list[torch.Tensor]:
     return [
         value
-        for state in learner.optimizer.state.values()
+        for state in learner.policy.optimizer.state.values()
         for value in state.values()
         if isinstance(value, torch.Tensor)
     ]
@@ -36,9 +36,9 @@ def test_an_offloaded_learner_computes_what_a_resident_one_computes(
 ):
     def run(offload):
         learner = make_learner(
-            raw_tiny_model, target_kl=target_kl, update_steps=2, dtype=dtype, offload=offload
+            raw_tiny_model, target_kl=target_kl, ppo_epochs=2, dtype=dtype, offload=offload
         )
-        batch = trajectories(learner.tokenizer)
+        batch = trajectories(learner.policy.tokenizer)
         logprobs, results = [], []
         for A in ([1.0, -1.0, 0.5, -0.5], [-0.5, 1.0, -1.0, 0.5]):
             logprobs.append(learner.logprobs(batch))  # offloaded: the device copies only
@@ -60,14 +60,17 @@ def test_an_offloaded_learner_computes_what_a_resident_one_computes(
     for a, b in zip(optimizer_state(resident), optimizer_state(offloaded), strict=True):
         assert torch.equal(a, b)
     # offloaded once at start and after each update, back on the device for each update
-    assert (offloaded.residency.stats.offloads, offloaded.residency.stats.onloads) == (3, 2)
-    assert resident.residency.stats.offloads == resident.residency.stats.onloads == 0
+    assert (
+        offloaded.policy.residency.stats.offloads,
+        offloaded.policy.residency.stats.onloads,
+    ) == (3, 2)
+    assert resident.policy.residency.stats.offloads == resident.policy.residency.stats.onloads == 0
 
 
 def test_offloaded_state_is_in_host_memory_and_every_byte_is_counted(raw_tiny_model):
     learner = make_learner(raw_tiny_model, dtype="bfloat16", offload="idle_agents")
-    stats = learner.residency.stats
-    batch = trajectories(learner.tokenizer)
+    stats = learner.policy.residency.stats
+    batch = trajectories(learner.policy.tokenizer)
     P = parameter_bytes(learner)
     assert (stats.offloads, stats.bytes_offloaded) == (1, P)  # at start: no AdamW state yet
 
@@ -80,16 +83,16 @@ def test_offloaded_state_is_in_host_memory_and_every_byte_is_counted(raw_tiny_mo
     assert (stats.onloads, stats.bytes_onloaded) == (1, P)
     assert stats.bytes_offloaded == P + (P + S)
     assert all(value.device.type == "cpu" for value in optimizer_state(learner))
-    masters = learner.model.state_dict()
+    masters = learner.policy.model.state_dict()
     assert all(m.device.type == "cpu" and m.dtype == torch.float32 for m in masters.values())
-    assert all(p.grad is None for p in learner.model.parameters())
+    assert all(p.grad is None for p in learner.policy.model.parameters())
     # idle, the weights are the float32 masters in host memory; a forward pass gets, for its
     # span, what it reads: Linear weights in the compute dtype (autocast casts them anyway),
     # the tied embedding and the norms in float32
-    embedding = learner.model.get_input_embeddings().weight
-    q_proj = learner.model.model.layers[0].self_attn.q_proj.weight
+    embedding = learner.policy.model.get_input_embeddings().weight
+    q_proj = learner.policy.model.model.layers[0].self_attn.q_proj.weight
     assert embedding.dtype == q_proj.dtype == torch.float32
-    with learner.residency.forward_weights():
+    with learner.policy.residency.forward_weights():
         assert embedding.dtype == torch.float32 and q_proj.dtype == torch.bfloat16
     assert q_proj.dtype == torch.float32
     learner.logprobs(batch)
@@ -102,29 +105,31 @@ def test_offloaded_state_is_in_host_memory_and_every_byte_is_counted(raw_tiny_mo
 
 def test_on_the_cpu_float32_offloading_copies_nothing(raw_tiny_model):
     learner = make_learner(raw_tiny_model, offload="idle_agents")
-    masters = {name: p.data_ptr() for name, p in learner.model.named_parameters()}
-    with learner.residency.forward_weights():
-        assert {name: p.data_ptr() for name, p in learner.model.named_parameters()} == masters
-    update(learner, trajectories(learner.tokenizer))
-    assert {name: p.data_ptr() for name, p in learner.model.named_parameters()} == masters
+    masters = {name: p.data_ptr() for name, p in learner.policy.model.named_parameters()}
+    with learner.policy.residency.forward_weights():
+        assert {
+            name: p.data_ptr() for name, p in learner.policy.model.named_parameters()
+        } == masters
+    update(learner, trajectories(learner.policy.tokenizer))
+    assert {name: p.data_ptr() for name, p in learner.policy.model.named_parameters()} == masters
 
 
-def test_a_learner_resumes_offloaded_with_float32_optimizer_state(raw_tiny_model):
+def test_a_learner_resumes_offloaded_with_float32_optimizer_state(raw_tiny_model, tmp_path):
     source = make_learner(raw_tiny_model, dtype="bfloat16")
-    batch = trajectories(source.tokenizer)
+    batch = trajectories(source.policy.tokenizer)
     update(source, batch)
     restored = make_learner(raw_tiny_model, dtype="bfloat16", offload="idle_agents")
-    restored.load_state_dict(source.state_dict())
-    assert not restored.residency.resident
+    restored.load_state(source.save_state(str(tmp_path / "learner.pt")))
+    assert not restored.policy.residency.resident
     assert all(value.dtype == torch.float32 for value in optimizer_state(restored))
-    for name, tensor in source.state_dict()["model"].items():
-        assert torch.equal(restored.state_dict()["model"][name], tensor), name
+    for name, tensor in source.state.state_dict()["model"].items():
+        assert torch.equal(restored.state.state_dict()["model"][name], tensor), name
 
 
 def test_a_sleeping_worker_takes_pushed_weights_when_it_wakes(raw_tiny_model):
     worker = RolloutWorker({"a": raw_tiny_model}, engine="hf")
     learner = make_learner(raw_tiny_model, offload="idle_agents")
-    batch = trajectories(learner.tokenizer)
+    batch = trajectories(learner.policy.tokenizer)
     update(learner, batch)
     before = {k: v.clone() for k, v in worker.engines["a"].model.state_dict().items()}
 

@@ -10,7 +10,7 @@ import torch
 
 from satseq.actors.incarnation import ActorRestarted
 from satseq.actors.learner import Learner, LearnerSpec, LossSpec, OptimizerSpec, TrustRegionSpec
-from satseq.actors.learner_group import start_learner_group
+from satseq.actors.learner.group import start_learner_group
 from satseq.cluster.faults import RESTARTED_ACTOR
 from satseq.models import load_tokenizer
 from tests.actors.restarts import sigkill_until_restarted
@@ -27,7 +27,7 @@ def five_trajectories(tokenizer):
 
 SAT_SEQ = dict(  # a KL budget: step 1 backtracks twice then is accepted, step 2 is rejected
     trust_region=TrustRegionSpec(target_kl=0.03, max_backtracks=2, kl_coef=0.1),
-    update_steps=2,
+    ppo_epochs=2,
 )
 GRPO = dict(
     trust_region=TrustRegionSpec(enabled=False, kl_estimator="k3"),
@@ -71,7 +71,7 @@ def group_of_two(ray_cluster):
 def test_two_ranks_update_as_one_learner(raw_tiny_model, group_of_two, recipe):
     single = Learner(spec(raw_tiny_model, **recipe))
     group = group_of_two(spec(raw_tiny_model, **recipe))
-    batch = five_trajectories(single.tokenizer)
+    batch = five_trajectories(single.policy.tokenizer)
     A, c = torch.tensor([1.0, -0.5, 0.3, -1.0, 0.8]), torch.tensor([1.0, 0.9, 1.1, 1.0, 0.7])
 
     logp_cur = single.logprobs(batch)
@@ -124,7 +124,7 @@ def test_a_sharded_checkpoint_resumes_the_group_and_consolidates_to_hf(
 ):
     learner_spec = spec(raw_tiny_model, **SAT_SEQ)
     group = group_of_two(learner_spec)
-    batch = five_trajectories(Learner(learner_spec).tokenizer)
+    batch = five_trajectories(Learner(learner_spec).policy.tokenizer)
     A, c = torch.tensor([1.0, -0.5, 0.3, -1.0, 0.8]), torch.ones(5)
 
     def update(learners):

@@ -21,7 +21,7 @@ from satseq.actors.tool_loop import SandboxClient, ToolLoop
 from satseq.actors.trajectory import SamplingSpec
 from satseq.config.schema import SandboxConfig, ToolConfig
 from satseq.data import TOOL_PROMPT_FORMAT, build_prompt, make_split
-from satseq.launch.builders import sandbox_backend
+from satseq.launch.settings import sandbox_backend
 from satseq.models import resolve_model_path
 from satseq.sandbox.pool import SandboxPool, SandboxPoolActor
 from tests.sandbox.backends import start_backend

@@ -1,7 +1,8 @@
 """Reading a tool-loop sample back: its turns (what /predict returns) and the tool usage of a
 batch of samples (what training logs and `satseq eval` writes). One character per token here."""
 
-from satseq.actors.tool_loop import ToolTurn, tool_turns, tool_usage
+from satseq.actors.tool_loop import ToolTurn, tool_turns
+from satseq.actors.tool_usage import tool_usage
 from satseq.actors.trajectory import Generation
 
 

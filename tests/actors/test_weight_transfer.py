@@ -18,7 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from satseq.actors.calls import RayCalls
-from satseq.actors.learner import LearnerActor, LearnerSpec, OptimizerSpec
+from satseq.actors.learner import LearnerSpec, OptimizerSpec
+from satseq.actors.learner.actor import LearnerActor
 from satseq.actors.rollout import RolloutActor
 from satseq.actors.sharding import free_address
 from satseq.actors.trajectory import GenerationRequest, SamplingSpec, Trajectory
@@ -195,28 +196,28 @@ def test_a_broadcast_leaves_every_engine_as_an_object_store_push_does(team):
     tokenizer, rollouts = team["tokenizer"], team["rollouts"]
     before = greedy_samples(rollouts[0], tokenizer)
     train_one_step(team)
-    team["broadcast"].push_weights(0)
-    manifest = team["broadcast"].transfer_manifests[0]
+    team["broadcast"].weight_sync.push(0)
+    manifest = team["broadcast"].weight_sync.manifests[0]
     assert len(bucket_plan(manifest, int(BUCKET_MB * 2**20))) > 2  # several buckets
     broadcast = [greedy_samples(actor, tokenizer) for actor in rollouts]
     assert broadcast[0] == broadcast[1] != before  # both engines took the step
 
-    team["object_store"].push_weights(0)  # the same weights, the other path
+    team["object_store"].weight_sync.push(0)  # the same weights, the other path
     assert [greedy_samples(actor, tokenizer) for actor in rollouts] == broadcast  # bit-identical
     for prompt, (tokens, logprob) in zip(PROMPTS, broadcast[0], strict=True):
         expected = learner_logprob(team, tokenizer.encode(prompt), tokens)
         assert logprob == pytest.approx(expected, abs=1e-4)
-    assert team["broadcast"].take_weight_sync_seconds() > 0
+    assert team["broadcast"].weight_sync.take_seconds() > 0
 
 
 @pytest.mark.slow
 def test_after_a_rollout_actor_is_killed_the_next_push_forms_the_group_again(team):
     tokenizer, rollouts, runtime = team["tokenizer"], team["rollouts"], team["broadcast"]
     sigkill_until_restarted(rollouts[1])
-    runtime.forget_weight_transfers()  # what the coordinator does after a loss
+    runtime.weight_sync.forget()  # what the coordinator does after a loss
 
     train_one_step(team)
-    runtime.push_weights(0)
+    runtime.weight_sync.push(0)
     broadcast = [greedy_samples(actor, tokenizer) for actor in rollouts]  # the restarted one too
-    team["object_store"].push_weights(0)
+    team["object_store"].weight_sync.push(0)
     assert [greedy_samples(actor, tokenizer) for actor in rollouts] == broadcast

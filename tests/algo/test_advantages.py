@@ -33,6 +33,17 @@ def test_grpo_uses_population_std_and_clips():
     assert clipped.advantages[0, 0].item() == pytest.approx(1.5)
 
 
+def test_grpo_baseline_uses_verls_unbiased_std():
+    # rewards 1, 0, 0, 0: mean 0.25, Σ (R − b)² = 0.75, unbiased std sqrt(0.75 / 3) = 0.5
+    # → A(1) = 0.75 / (0.5 + 1e-6), A(0) = −0.25 / 0.5000010
+    out = group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0]]), eps=1e-6, unbiased_std=True)
+    assert out.advantages[0, 0].item() == pytest.approx(0.75 / 0.500001, rel=1e-6)
+    assert out.advantages[0, 1].item() == pytest.approx(-0.25 / 0.500001, rel=1e-6)
+    expected = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    reference = (expected - expected.mean()) / (expected.std(unbiased=True) + 1e-6)
+    torch.testing.assert_close(out.advantages[0], reference)
+
+
 def test_degenerate_groups_get_zero_and_are_counted():
     rewards = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
     out = group_advantages(rewards)

@@ -18,7 +18,7 @@ from satseq.algo.certificate import (
 from satseq.algo.kl import kl_exact, kl_quantile, sequence_kl
 from satseq.algo.logprobs import token_logprobs
 from satseq.algo.losses import kl_penalty, policy_loss
-from satseq.algo.trust_region import TrustRegion, trust_region_step
+from satseq.algo.trust_region import TrustRegion
 
 
 def test_theorem_terms_by_hand():
@@ -31,21 +31,21 @@ def test_theorem_terms_by_hand():
         N_i=50,
         n_agents=2,
         delta_conf=0.1,
+        w_max=1.5,
     )
     assert terms.information_gain == pytest.approx(0.04)  # 0.02 / (1 − 0.5)
     assert terms.occupancy_shift == pytest.approx(
         2 * 0.5 / 0.25 * 2.0 * 0.2
     )  # sqrt(0.04) = 0.2 → 1.6
     assert terms.estimator_bias == pytest.approx(0.02)
-    assert terms.finite_sample == pytest.approx(4.0 * math.sqrt(math.log(40) / 100))
-    assert terms.lower_bound == pytest.approx(
-        0.04 - 1.6 - 0.02 - 4.0 * math.sqrt(math.log(40) / 100)
-    )
+    # the range of c·(r − 1)·A is 2·w_max·A_max = 6, over 1 − γ = 0.5: 12·sqrt(ln 40 / 100)
+    assert terms.finite_sample == pytest.approx(12.0 * math.sqrt(math.log(40) / 100))
 
 
 def test_theorem_terms_are_vacuous_at_gamma_099():
-    terms = theorem_terms(0.05, 0.01, 1.0, 0.99, 0.0, 10_000, 3, 0.05)
-    assert terms.lower_bound < -100
+    terms = theorem_terms(0.05, 0.01, 1.0, 0.99, 0.0, 10_000, 3, 0.05, w_max=2.0)
+    penalties = terms.occupancy_shift + terms.estimator_bias + terms.finite_sample
+    assert terms.information_gain - penalties < -100
 
 
 def test_surrogate_gain_and_truncation_bias_by_hand():
@@ -83,6 +83,35 @@ def test_bandit_bound_pieces_by_hand():
     w_dev = mean_lower_confidence(torch.tensor([1.5, 0.5, 1.0, 1.0]), 1.5, 0.1, "bernstein")
     assert cert.truncation_bias == pytest.approx(0.5 * min(1.0 - 1.0 + w_dev, 1.0))
     assert cert.lower_bound == pytest.approx(cert.estimate - cert.deviation - cert.truncation_bias)
+
+
+def test_the_bound_averages_each_prompts_samples_first():
+    # two prompts of two samples: w = (2, 0.5 | 1, 1), R = (1, 0 | 1, 0), b = 0.5, w_max = 1.5
+    log_w = torch.log(torch.tensor([2.0, 0.5, 1.0, 1.0]))
+    R = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    prompts = torch.tensor([7, 7, 3, 3])
+    cert = bandit_lower_bound(
+        log_w, R, b=0.5, R_min=0.0, R_max=1.0, w_max=1.5, delta_conf=0.2, prompts=prompts
+    )
+    assert cert.n == 2  # the prompts are the independent units
+    # per prompt X̄ = (0.25, 0) [prompt 3 first: sorted ids], w̄ = (1, 1)
+    assert cert.estimate == pytest.approx(0.125)
+    X = torch.tensor([0.0, 0.25])
+    assert cert.deviation == pytest.approx(mean_lower_confidence(X, 1.0, 0.1, "bernstein"))
+    w_dev = mean_lower_confidence(torch.tensor([1.0, 1.0]), 1.5, 0.1, "bernstein")
+    assert cert.truncation_bias == pytest.approx(0.5 * min(w_dev, 1.0))
+
+
+def test_the_bound_covers_the_truth_with_correlated_groups():
+    """G = 16 samples a prompt share its move (DESIGN §4): by prompt the bound holds in ≥ 95 %
+    of stages; taking the n·G samples as independent it does not (the old estimator)."""
+    from bench.certificate_coverage import coverage
+
+    by_prompt = coverage(G=16, n=256, stages=400)
+    by_sample = coverage(G=16, n=256, stages=400, by_prompt=False)
+    assert by_prompt.coverage >= 0.95
+    assert by_sample.coverage < 0.95
+    assert coverage(G=16, n=512, shift=0.1, drift=0.1, stages=50).positive > 0
 
 
 # --- the toy problem: vocabulary 3, length 3, an autoregressive softmax table -------------------
@@ -154,32 +183,39 @@ def _trust_region_update(theta, sequences, rewards, region, steps, lr):
         optimizer.load_state_dict(opt_state)
 
     for _ in range(steps):
-        trust_region_step(region, take_step, save, restore)
+        for beta, step_scale in region.attempts(save, restore):
+            region.judge(take_step(beta, step_scale))
     return theta.detach()
 
 
-def test_bandit_certificate_coverage_on_enumerable_toy():
-    """≥ 300 stages: the bound must hold in ≥ 1 − δ_conf of them and be positive in some."""
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_bandit_certificate_coverage_on_enumerable_toy(staleness):
+    """≥ 300 stages: the bound must hold in ≥ 1 − δ_conf of them and be positive in some.
+
+    staleness 1 (overlapped stages, DESIGN §12): every stage's samples come from the policy one
+    stage older, π_b, and the bound is the pair's it can certify, J(π_new) − J(π_b), with
+    w = π_new/π_b on the held-out samples of π_b."""
     delta_conf, n_train, n_cert = 0.1, 64, 2048
     runs, stages_per_run = 30, 10
     holds, positive, total = 0, 0, 0
-    gen = torch.Generator().manual_seed(2026)
+    gen = torch.Generator().manual_seed(2026 + staleness)
     for _ in range(runs):
         theta = 0.5 * torch.randn(L, V + 1, V, generator=gen)
+        behaviour = theta
         reward_table = torch.randint(0, 2, (len(SEQUENCES),), generator=gen).float()
         region = TrustRegion(target_kl=0.05, alpha=0.1, max_backtracks=3, beta=0.05)  # β persists
         for _ in range(stages_per_run):
-            probs = _sequence_logprob(theta, SEQUENCES).exp()
+            probs = _sequence_logprob(behaviour, SEQUENCES).exp()
             train_idx = torch.multinomial(probs, n_train, replacement=True, generator=gen)
             train_rewards = reward_table[train_idx]
             new_theta = _trust_region_update(
                 theta, SEQUENCES[train_idx], train_rewards, region, steps=3, lr=0.3
             )
-            # Certificate samples: drawn from π independently of the update (a held-out batch).
+            # Certificate samples: drawn from π_b independently of the update (a held-out batch).
             cert_idx = torch.multinomial(probs, n_cert, replacement=True, generator=gen)
-            log_w = (_sequence_logprob(new_theta, SEQUENCES) - _sequence_logprob(theta, SEQUENCES))[
-                cert_idx
-            ]
+            log_w = (
+                _sequence_logprob(new_theta, SEQUENCES) - _sequence_logprob(behaviour, SEQUENCES)
+            )[cert_idx]
             cert = bandit_lower_bound(
                 log_w,
                 reward_table[cert_idx],
@@ -189,10 +225,11 @@ def test_bandit_certificate_coverage_on_enumerable_toy():
                 w_max=2.0,
                 delta_conf=delta_conf,
             )
-            true_gain = _J(new_theta, reward_table) - _J(theta, reward_table)
+            true_gain = _J(new_theta, reward_table) - _J(behaviour, reward_table)
             holds += cert.lower_bound <= true_gain
             positive += cert.lower_bound > 0
             total += 1
+            behaviour = theta if staleness else new_theta  # what samples the next stage
             theta = new_theta
     coverage, positive_fraction = holds / total, positive / total
     print(

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from satseq.algo.kl import kl_exact, kl_k3, kl_quantile, sequence_kl
+from satseq.algo.kl import dkw_slack, kl_exact, kl_k3, kl_quantile, sequence_kl
 from satseq.algo.logprobs import token_logprobs
 
 
@@ -61,6 +61,47 @@ def test_quantile_by_hand():
     assert kl_quantile(seq_kl, alpha=0.0) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="alpha"):
         kl_quantile(seq_kl, alpha=1.5)
+
+
+def test_dkw_slack_by_hand():
+    # ε = sqrt(ln(2/η) / (2N)): η = 0.05, N = 128 → sqrt(3.68888 / 256) = 0.120040
+    assert dkw_slack(128, 0.05) == pytest.approx(math.sqrt(math.log(40) / 256))
+    assert dkw_slack(128, 0.05) == pytest.approx(0.120040, abs=1e-6)
+    with pytest.raises(ValueError, match="eta"):
+        dkw_slack(10, 1.0)
+
+
+def test_dkw_quantile_is_an_order_statistic_with_the_slack():
+    seq_kl = torch.arange(1, 201, dtype=torch.float64) / 100  # 0.01 … 2.00, sorted
+    # N = 200, α = 0.1, η = 0.05: ε = sqrt(ln 40 / 400) = 0.09603, level 0.99603,
+    # k + 1 = ceil(199.206) = 200: the maximum
+    assert kl_quantile(seq_kl, alpha=0.1, dkw_eta=0.05) == 2.0
+    # α = 0.2, η = 0.5: ε = sqrt(ln 4 / 400) = 0.05887, level 0.85887 → rank ceil(171.77) = 172
+    assert kl_quantile(seq_kl, alpha=0.2, dkw_eta=0.5) == pytest.approx(1.72)
+    # the in-sample quantile it replaces: 0.8 → index 159.2 → 1.602
+    assert kl_quantile(seq_kl, alpha=0.2) == pytest.approx(1.602)
+
+
+def test_small_samples_check_their_maximum():
+    """At ~128 sequences, 1 − α + ε ≥ 1 for α = 0.1: the check is on the worst sequence."""
+    seq_kl = torch.rand(128, generator=torch.Generator().manual_seed(0))
+    assert kl_quantile(seq_kl, alpha=0.1, dkw_eta=0.05) == float(seq_kl.max())
+    assert kl_quantile(seq_kl, alpha=0.1) < float(seq_kl.max())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.floats(0, 10), min_size=1, max_size=60),
+    st.floats(0, 1),
+    st.floats(0.01, 0.99),
+)
+def test_dkw_quantile_covers_its_level_and_bounds_the_in_sample_one(values, alpha, eta):
+    """F̂(q) ≥ 1 − α + ε (or q is the maximum), and q is never below the in-sample quantile."""
+    seq_kl = torch.tensor(values, dtype=torch.float64)
+    q = kl_quantile(seq_kl, alpha, eta)
+    level = 1 - alpha + dkw_slack(len(values), eta)
+    assert float((seq_kl <= q).double().mean()) >= min(level, 1.0) - 1e-9
+    assert q >= kl_quantile(seq_kl, alpha) - 1e-9
 
 
 @settings(max_examples=60, deadline=None)

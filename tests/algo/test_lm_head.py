@@ -73,3 +73,37 @@ def test_without_reference_only_logprobs_and_no_kl_upcast_from_bf16():
     logp, kl = chunked_logprobs_and_kl(hidden.bfloat16(), tokens, layer, chunk_tokens=2)
     assert kl is None and logp.shape == (5,) and logp.dtype == torch.float32
     assert (logp <= 0).all()
+
+
+def _llm_scale_problem():
+    """Hidden states and an output layer whose logits have an LLM's scale (std ~25)."""
+    g = torch.Generator().manual_seed(3)
+    M, H, V = 64, 64, 1000
+    hidden = torch.randn(M, H, generator=g) * 5.0
+    weight = torch.randn(V, H, generator=g) * 0.62  # logits h·w: std ≈ 5 · 0.62 · 8 ≈ 25
+    tokens = torch.randint(0, V, (M,), generator=g)
+    return hidden, weight, tokens
+
+
+def test_float32_logits_under_bf16_autocast_match_a_float64_reference():
+    """DESIGN §4: bf16 logits carry ~0.06 nats of rounding at logit scales of 20–30; the
+    float32 output layer keeps the log-probs within 1e-4 of float64 under bf16 autocast."""
+    hidden, weight, tokens = _llm_scale_problem()
+    reference, _ = chunked_logprobs_and_kl(hidden.double(), tokens, OutputLayer(weight.double()))
+    assert float(torch.nn.functional.linear(hidden, weight).std()) > 20
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16_logits, _ = chunked_logprobs_and_kl(
+            hidden, tokens, OutputLayer(weight, float32_logits=False)
+        )
+        fp32_logits, _ = chunked_logprobs_and_kl(hidden, tokens, OutputLayer(weight))
+    assert (bf16_logits.double() - reference).abs().max() > 0.01
+    assert (fp32_logits.double() - reference).abs().max() < 1e-4
+
+
+def test_a_float32_heads_reference_copy_stays_float32():
+    """π_cur's frozen output layer keeps float32 with a float32 head (its logits are then
+    computed exactly as π_θ's at θ = π_cur), and the compute dtype without."""
+    _, weight, _ = _llm_scale_problem()
+    assert OutputLayer(weight).detached_copy(torch.bfloat16).weight.dtype == torch.float32
+    copy = OutputLayer(weight, float32_logits=False).detached_copy(torch.bfloat16)
+    assert copy.weight.dtype == torch.bfloat16 and not copy.float32_logits

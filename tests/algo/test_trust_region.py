@@ -1,20 +1,15 @@
-"""The trust-region controller and the snapshot/restore loop on a real torch model."""
+"""The trust-region controller and its attempt loop, over a real torch model's weights, and the
+backtracking snapshot that the loop restores (`satseq.actors.learner.snapshot`)."""
 
 import pytest
 import torch
 
-from satseq.algo.trust_region import (
-    StepDecision,
-    TrustRegion,
-    restore_training_state,
-    snapshot_training_state,
-    trust_region_step,
-)
+from satseq.actors.learner.snapshot import TrainingSnapshot
+from satseq.algo.trust_region import StepDecision, TrustRegion
 
 
 def test_judge_accepts_backtracks_and_grows_beta():
     region = TrustRegion(target_kl=0.1, alpha=0.1, max_backtracks=2, beta=0.04)
-    region.begin_step()
     assert region.judge(0.05) is StepDecision.ACCEPT
     assert region.beta == 0.04
     assert region.judge(0.2) is StepDecision.BACKTRACK
@@ -26,7 +21,6 @@ def test_judge_accepts_backtracks_and_grows_beta():
 
 def test_exhausted_keep_mode():
     region = TrustRegion(target_kl=0.1, alpha=0.1, max_backtracks=0, beta=1.0, on_exhausted="keep")
-    region.begin_step()
     assert region.judge(0.5) is StepDecision.KEEP
 
 
@@ -47,10 +41,18 @@ def _state_equal(a, b):
     return all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _trust_region_step(region, model, optimizer, take_step):
+    """One step of attempts, as the learner takes it (`satseq.actors.learner.update`)."""
+    save = lambda: TrainingSnapshot().save(model, optimizer)  # noqa: E731
+    for beta, step_scale in region.attempts(save, lambda s: s.restore(model, optimizer)):
+        region.judge(take_step(beta, step_scale))
+    return region.outcome
+
+
 def test_rejected_step_restores_weights_and_optimizer_state():
     model, optimizer = _model_and_optimizer()
     _sgd_step(model, optimizer)  # give AdamW some moment state
-    before = snapshot_training_state(model, optimizer)
+    before = TrainingSnapshot().save(model, optimizer)
     region = TrustRegion(target_kl=0.01, alpha=0.1, max_backtracks=2, beta=0.1)
     betas_seen = []
 
@@ -59,12 +61,7 @@ def test_rejected_step_restores_weights_and_optimizer_state():
         _sgd_step(model, optimizer)
         return 1.0  # always violates
 
-    outcome = trust_region_step(
-        region,
-        take_step,
-        lambda: snapshot_training_state(model, optimizer),
-        lambda s: restore_training_state(model, optimizer, s),
-    )
+    outcome = _trust_region_step(region, model, optimizer, take_step)
     assert outcome.decision is StepDecision.REJECT and not outcome.applied
     assert outcome.backtracks == 2 and len(outcome.kl_quantiles) == 3
     assert [beta for beta, _ in betas_seen] == pytest.approx([0.1, 0.15, 0.225])
@@ -80,7 +77,7 @@ def test_rejected_step_restores_weights_and_optimizer_state():
 
 def test_step_accepted_after_backtrack_keeps_new_weights():
     model, optimizer = _model_and_optimizer()
-    before = snapshot_training_state(model, optimizer)
+    before = TrainingSnapshot().save(model, optimizer)
     region = TrustRegion(target_kl=0.1, alpha=0.1, max_backtracks=3, beta=0.1)
     quantiles = iter([0.3, 0.05])
 
@@ -88,12 +85,7 @@ def test_step_accepted_after_backtrack_keeps_new_weights():
         _sgd_step(model, optimizer)
         return next(quantiles)
 
-    outcome = trust_region_step(
-        region,
-        take_step,
-        lambda: snapshot_training_state(model, optimizer),
-        lambda s: restore_training_state(model, optimizer, s),
-    )
+    outcome = _trust_region_step(region, model, optimizer, take_step)
     assert outcome.decision is StepDecision.ACCEPT and outcome.applied
     assert outcome.backtracks == 1 and outcome.kl_quantiles == [0.3, 0.05]
     assert not _state_equal(model.state_dict(), before.model)
@@ -106,17 +98,17 @@ def test_snapshot_reuses_its_cpu_buffers_and_survives_steps_after_a_restore():
     must not hand them to the optimiser (its in-place updates would corrupt the snapshot)."""
     model, optimizer = _model_and_optimizer()
     _sgd_step(model, optimizer)
-    snapshot = snapshot_training_state(model, optimizer)
+    snapshot = TrainingSnapshot().save(model, optimizer)
     buffers = {key: buffer.data_ptr() for key, buffer in snapshot._buffers.items()}
     saved = {k: v.clone() for k, v in snapshot.model.items()}
     exp_avg = {k: s["exp_avg"].clone() for k, s in snapshot.optimizer["state"].items()}
     for _ in range(2):  # step, restore, step again: the second restore still sees the first state
         _sgd_step(model, optimizer)
-        restore_training_state(model, optimizer, snapshot)
+        snapshot.restore(model, optimizer)
     assert _state_equal(model.state_dict(), saved)
     for key, state in optimizer.state_dict()["state"].items():
         assert torch.equal(state["exp_avg"], exp_avg[key])
-    assert snapshot_training_state(model, optimizer, into=snapshot) is snapshot
+    assert snapshot.save(model, optimizer) is snapshot
     assert {key: buffer.data_ptr() for key, buffer in snapshot._buffers.items()} == buffers
     assert all(buffer.device.type == "cpu" for buffer in snapshot._buffers.values())
     assert snapshot.nbytes == sum(b.nbytes for b in snapshot._buffers.values()) > 0

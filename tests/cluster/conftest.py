@@ -11,8 +11,11 @@ from tests.cluster.runs import STRAIGHT_STAGES, run_env, train_command
 @pytest.fixture(scope="session")
 def straight_run(tmp_path_factory, builtin_models) -> Path:
     """An uninterrupted short quickstart run of STRAIGHT_STAGES stages: the reference that the
-    resume and fault tests hold their interrupted runs against (one run serves them all)."""
+    resume and fault tests hold their interrupted runs against (one run serves them all), and
+    the run that every tracker logs (`test_trackers`)."""
     output_dir = tmp_path_factory.mktemp("straight")
-    command = train_command(output_dir, STRAIGHT_STAGES)
-    subprocess.run(command, check=True, timeout=600, env=run_env())
+    trackers = ["--set", "output.trackers=[tensorboard, mlflow, wandb]"]
+    command = train_command(output_dir, STRAIGHT_STAGES, *trackers)
+    # offline even where a developer's W&B API key is set: the test reads the run's files
+    subprocess.run(command, check=True, timeout=600, env=run_env() | {"WANDB_MODE": "offline"})
     return output_dir

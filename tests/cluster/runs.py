@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ SHORT_RUN = [
     "--set", "eval.synthetic_problems=32",
 ]  # fmt: skip
 STRAIGHT_STAGES = 3  # the shared reference run's (`straight_run`)
-TIMING_KEYS = ("time/", "tokens_per_s/")
+TIMING_KEYS = ("time/", "tokens_per_s/", "util/")  # what differs between runs: timings
 # 8 prompts and 4 per stage: prompts come back within a few stages, so ρ 'kl' re-scores them.
 # builtin:tiny's own task: difficulty 1, on 'test' (it was warm-started on 'train' and 'warmup')
 SPO_RUN = [
@@ -52,3 +53,10 @@ def read_metrics(output_dir: Path) -> list[dict]:
 
 def without_timings(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.startswith(TIMING_KEYS)}
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (until the caller starts something there)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -1,6 +1,6 @@
 import json
 
-from satseq.cluster.metrics import RayMetricsExporter, StageLog, ascii_tag, truncate_after_stage
+from satseq.cluster.metrics import RayMetricsExporter, ascii_tag, truncate_after_stage
 
 
 def test_resume_drops_later_stages_and_a_torn_last_line(tmp_path):
@@ -9,19 +9,6 @@ def test_resume_drops_later_stages_and_a_torn_last_line(tmp_path):
     path.write_text("\n".join(lines) + '\n{"stage": 4, "x"')  # the crash cut the last line
     truncate_after_stage(path, 1)
     assert [json.loads(line)["stage"] for line in path.read_text().splitlines()] == [0, 1]
-
-
-def test_stage_log_writes_jsonl_and_tensorboard(tmp_path):
-    log = StageLog(tmp_path, tensorboard=True)
-    log.write({"stage": 0, "reward/mean": 0.5, "note": "text"}, {"stage": 0, "bandit": None})
-    log.close()
-    assert json.loads((tmp_path / "metrics.jsonl").read_text())["reward/mean"] == 0.5
-    assert json.loads((tmp_path / "certificates.jsonl").read_text())["bandit"] is None
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(tmp_path / "tensorboard"))
-    events.Reload()
-    assert [e.value for e in events.Scalars("reward/mean")] == [0.5]
 
 
 def test_ray_gauges_take_runs_and_agents_with_non_ascii_names():

@@ -4,7 +4,7 @@ many learner ranks each agent has, and which path weights take to the engines.""
 import pytest
 
 from satseq.actors.learner import LossSpec, TrustRegionSpec
-from satseq.cluster.builders import LearnerSettings, agent_workers, learner_spec
+from satseq.cluster.learner_specs import LearnerSettings, agent_workers, learner_spec
 from satseq.cluster.placement import TeamPlacement, learner_threads
 from satseq.config import QUICKSTART, load_config
 

@@ -1,7 +1,6 @@
 """`ray job submit --working-dir . -- satseq train ...` against a local `ray start --head`."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -9,17 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.runs import SHORT_RUN, read_metrics, run_env
+from tests.cluster.runs import SHORT_RUN, free_port, read_metrics, run_env
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).parent / "ray")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_ray_job_submit_runs_training_on_a_loopback_cluster(tmp_path, builtin_models):

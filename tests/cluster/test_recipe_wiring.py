@@ -11,19 +11,23 @@ from satseq.actors.learner import UpdateResult
 from satseq.actors.trajectory import SamplingSpec
 from satseq.algo.masks import owner_mask
 from satseq.cluster.recipes import RECIPES
-from satseq.cluster.recipes.base import update_metrics
-from satseq.cluster.runtime import TeamRuntime, start_in_process
+from satseq.cluster.recipes.stage_metrics import update_metrics
+from satseq.cluster.runtime import TeamRuntime
+from satseq.cluster.team import start_in_process
 from satseq.config import QUICKSTART, load_config
 
-RECORDED = ("update", "update_all", "push_weights", "logprobs")
+RECORDED = ("update", "update_all", "logprobs")
 
 
 class RecordingRuntime:
-    """The in-process runtime, with a log of the calls a recipe makes: (name, args, result)."""
+    """The in-process runtime, with a log of the calls a recipe makes: (name, args, result);
+    a weight push (`weight_sync.push`) is logged as "push_weights"."""
 
     def __init__(self, runtime: TeamRuntime):
         self.runtime = runtime
         self.calls: list[tuple[str, tuple, object]] = []
+        push = runtime.weight_sync.push
+        runtime.weight_sync.push = lambda i: self.calls.append(("push_weights", (i,), push(i)))
 
     def __getattr__(self, name):
         attribute = getattr(self.runtime, name)
@@ -59,7 +63,7 @@ def one_stage(model_path, algorithm, n_agents, *overrides):
             "sat_seq.group_size=4",
             "grpo.group_size=2",
             "rollout.max_new_tokens=24",
-            "trainer.update_steps=1",
+            "trainer.ppo_epochs=1",
             "trainer.lr=1e-2",  # a visible step
             "algorithm.kl_ctrl.target_kl=100.0",  # every step accepted
             "data.synthetic.n_train=16",
@@ -74,7 +78,7 @@ def one_stage(model_path, algorithm, n_agents, *overrides):
 
 
 def _problems(config):
-    from satseq.cluster.builders import training_problems
+    from satseq.cluster.training_data import training_problems
 
     return training_problems(config)
 
@@ -182,8 +186,8 @@ def test_colocated_engines_sleep_while_learners_work_and_take_pushed_weights_on_
     # the stage ended on learner calls: the engines sleep, holding every pushed update for later
     assert worker.asleep and sorted(worker.pending_weights) == ["a0", "a1"]
     for learner in runtime.learners:  # offloaded at start and after its update
-        stats = learner.residency.stats
-        assert not learner.residency.resident and (stats.offloads, stats.onloads) == (2, 1)
+        stats = learner.policy.residency.stats
+        assert not learner.policy.residency.resident and (stats.offloads, stats.onloads) == (2, 1)
     assert "memory/peak_gib/a0" not in result.metrics  # the CPU reports no peak
     runtime.generate([], SamplingSpec())
     assert not worker.asleep

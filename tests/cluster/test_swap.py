@@ -1,21 +1,23 @@
 """Swapping an agent in mid-training (`team.swaps`) on the in-process runtime: after stage 0, agent
-a1's learner is replaced by one on another model, projected towards a1's outgoing policy."""
+a1's learner is replaced by one on another model, projected towards a1's outgoing policy; a
+projection that misses δ0 leaves a1 as it was and is tried again at the next stage."""
 
 import pytest
 import torch
 
-from satseq.cluster.builders import training_problems
 from satseq.cluster.recipes import RECIPES
-from satseq.cluster.runtime import start_in_process
 from satseq.cluster.swap import apply_swaps, check_same_tokenizer
+from satseq.cluster.team import start_in_process
+from satseq.cluster.training_data import training_problems
 from satseq.config import QUICKSTART, load_config
 from satseq.models import load_tokenizer, resolve_model_path
 
 
-def swap_config(incoming: str, delta0: float, max_steps: int):
+def swap_config(incoming: str, delta0: float, max_steps: int, on_budget_missed: str = "retry"):
     agents = ", ".join(f"{{name: a{i}, path: 'builtin:tiny'}}" for i in range(2))
     swap = f"{{agent: a1, path: '{incoming}', at_stage: 1, delta0: {delta0}"
-    swap += f", max_steps: {max_steps}, lr: 3.0e-3, samples_per_prompt: 1}}"
+    swap += f", max_steps: {max_steps}, lr: 3.0e-3, samples_per_prompt: 1"
+    swap += f", on_budget_missed: {on_budget_missed}}}"
     return load_config(
         QUICKSTART,
         [
@@ -24,22 +26,22 @@ def swap_config(incoming: str, delta0: float, max_steps: int):
             "trainer.batch_size=4",
             "sat_seq.group_size=2",
             "rollout.max_new_tokens=16",
-            "trainer.update_steps=1",
+            "trainer.ppo_epochs=1",
             "data.synthetic.n_train=8",
         ],
     )
 
 
-def run_with_swap(incoming: str, delta0: float, max_steps: int):
-    config = swap_config(incoming, delta0, max_steps)
+def run_with_swap(incoming: str, delta0: float, max_steps: int, swap_dir, **swap):
+    config = swap_config(incoming, delta0, max_steps, **swap)
     recipe_class = RECIPES["sat_seq"]
     runtime = start_in_process(config, recipe_class.learner_settings(config))
     problems = training_problems(config)
     recipe = recipe_class(config, runtime, problems)
     recipe.run_stage(0)
     outgoing = runtime.learners[1]
-    assert apply_swaps(runtime, config, recipe, problems, 0) == {}  # none due before stage 0
-    metrics = apply_swaps(runtime, config, recipe, problems, 1)
+    assert apply_swaps(runtime, config, recipe, 0, swap_dir) == {}  # none due before stage 0
+    metrics = apply_swaps(runtime, config, recipe, 1, swap_dir)
     return config, runtime, recipe, outgoing, metrics
 
 
@@ -50,33 +52,57 @@ def assert_engine_holds_learner_weights(runtime, i):
         assert torch.equal(engine_weights[key], tensor), f"{key} was not pushed"
 
 
-def test_swap_at_stage_1_replaces_the_learner_and_meets_delta0(raw_tiny_model):
+def test_swap_at_stage_1_replaces_the_learner_and_meets_delta0(raw_tiny_model, tmp_path):
     delta0 = 0.5
-    config, runtime, recipe, outgoing, metrics = run_with_swap(raw_tiny_model, delta0, 200)
+    config, runtime, recipe, outgoing, metrics = run_with_swap(
+        raw_tiny_model, delta0, 200, tmp_path
+    )
     incoming = runtime.learners[1]
     assert incoming is not outgoing and runtime.learners[0] is not incoming
     assert incoming.spec.model_path == raw_tiny_model
     assert runtime.agent_paths == ["builtin:tiny", raw_tiny_model]
     assert incoming.region.beta == config.algorithm.kl_ctrl.kl_coef  # β reset to the config's
-    assert not incoming.optimizer.state  # its training optimiser is fresh
+    assert not incoming.policy.optimizer.state  # its training optimiser is fresh
     # the raw model is far from the warm-started a1: the projection had to act
     assert metrics["swap/a1/kl_before"] > delta0
     assert metrics["swap/a1/lambda"] > 0
     assert 1 <= metrics["swap/a1/steps"] < 200
     assert metrics["swap/a1/kl"] <= delta0 and metrics["swap/a1/budget_met"] == 1
+    assert metrics["swap/a1/swapped"] == 1
     assert_engine_holds_learner_weights(runtime, 1)
+    assert apply_swaps(runtime, config, recipe, 2, tmp_path) == {}  # done: not due again
     result = recipe.run_stage(1)  # the stage runs on with the swapped-in agent
     assert result.metrics["accepted/a1"] + result.metrics["rejected/a1"] == 1
 
 
-def test_the_step_budget_stops_the_projection_and_is_logged(raw_tiny_model):
-    _, _, _, _, metrics = run_with_swap(raw_tiny_model, 0.5, 3)
+def test_a_missed_budget_keeps_the_outgoing_agent_and_retries_at_the_next_stage(
+    raw_tiny_model, tmp_path
+):
+    config, runtime, recipe, outgoing, metrics = run_with_swap(raw_tiny_model, 0.5, 3, tmp_path)
     assert metrics["swap/a1/steps"] == 3 and metrics["swap/a1/budget_met"] == 0
+    assert metrics["swap/a1/swapped"] == 0
     assert 0.5 < metrics["swap/a1/kl"] < metrics["swap/a1/kl_before"]
+    # a1 is its outgoing self again: its model, its weights, β and optimiser state
+    assert runtime.agent_paths == ["builtin:tiny", "builtin:tiny"]
+    kept = runtime.learners[1]
+    assert kept.region.beta == outgoing.region.beta
+    for name, tensor in outgoing.weights().items():
+        assert torch.equal(kept.weights()[name], tensor), name
+    assert_engine_holds_learner_weights(runtime, 1)
+    retried = apply_swaps(runtime, config, recipe, 2, tmp_path)  # still due at the next stage
+    assert retried["swap/a1/steps"] == 3 and retried["swap/a1/swapped"] == 0
 
 
-def test_a_budget_pi_pre_meets_is_taken_as_it_is(raw_tiny_model):
-    _, runtime, _, _, metrics = run_with_swap(raw_tiny_model, 1e6, 60)
+def test_on_budget_missed_keep_goes_on_with_the_incoming_agent(raw_tiny_model, tmp_path):
+    _, runtime, _, _, metrics = run_with_swap(
+        raw_tiny_model, 0.5, 3, tmp_path, on_budget_missed="keep"
+    )
+    assert metrics["swap/a1/budget_met"] == 0 and metrics["swap/a1/swapped"] == 1
+    assert runtime.agent_paths == ["builtin:tiny", raw_tiny_model]
+
+
+def test_a_budget_pi_pre_meets_is_taken_as_it_is(raw_tiny_model, tmp_path):
+    _, runtime, _, _, metrics = run_with_swap(raw_tiny_model, 1e6, 60, tmp_path)
     assert metrics["swap/a1/lambda"] == 0.0 and metrics["swap/a1/steps"] == 0
     raw = runtime.start_learner(1, raw_tiny_model)
     for key, tensor in raw.weights().items():  # no projection: the incoming model unchanged

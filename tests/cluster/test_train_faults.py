@@ -118,6 +118,29 @@ def test_a_rollout_actor_killed_mid_stage_is_restarted_and_the_stage_retried(
     )
 
 
+OVERLAPPED = ("--set", "rollout.max_staleness=1")
+
+
+def test_overlapped_stages_survive_a_rollout_actor_killed_while_generating_ahead(tmp_path):
+    """rollout.max_staleness 1 ([3.4]): from stage 1 on, the next stage's rollouts are being
+    generated while this stage's learners update. A rollout actor killed then fails that
+    generation; the stage is retried from its checkpoint, whose queue holds what stage 0
+    generated ahead, and the run's metrics are those of the uninterrupted overlapped run."""
+    reference = tmp_path / "reference"
+    subprocess.run(
+        train_command(reference, STRAIGHT_STAGES, *OVERLAPPED), check=True, env=run_env()
+    )
+    driver = start_run(tmp_path / "killed", *OVERLAPPED)
+    wait_for_stages(tmp_path / "killed", 1, driver)
+    os.kill(wait_for_process(driver, "ray::RolloutWorker.generate"), signal.SIGKILL)
+    finish(driver)
+    metrics = read_metrics(tmp_path / "killed")
+    expected = read_metrics(reference)
+    assert [without_faults(m) for m in metrics] == [without_faults(m) for m in expected]
+    assert [m["async/staleness_mean"] for m in metrics] == [0.0, 1.0, 1.0]
+    assert sum(m["faults/rollout"] for m in metrics) == 1
+
+
 def actor_processes(driver: subprocess.Popen, actor_class: str, idle: bool = False) -> set[int]:
     """The pids of the run's `actor_class` actors; with `idle`, of those between calls (Ray
     titles an idle actor's process `ray::<class>`, a busy one `ray::<class>.<method>`)."""

@@ -76,7 +76,7 @@ def test_ray_metrics_export_the_last_stage_of_a_real_run(observed_run):
         assert scraped["satseq_agent_beta", tags] > 0.0
         assert scraped["satseq_agent_tokens_per_s", tags] > 0.0
         steps = scraped["satseq_agent_accepted", tags] + scraped["satseq_agent_rejected", tags]
-        assert steps == 1  # trainer.update_steps
+        assert steps == 1  # trainer.ppo_epochs
         assert scraped["satseq_agent_backtracks", tags] >= 0
     phases = {
         dict(tags)["phase"]: v

@@ -36,6 +36,15 @@ def dry_run(env: dict[str, str], *args: str):
     return params
 
 
+def test_ppo_mini_batches_in_prompts_become_trajectories():
+    """verl's ppo_mini_batch_size counts prompts, each with its group of responses; satseq's
+    trainer.mini_batch_size counts trajectories: 16 prompts × sat_seq.group_size."""
+    params = dry_run({"PPO_MINI_BATCH_SIZE": "16", "PPO_EPOCHS": "2"})
+    config = load_config(params["config"], params["set_"])
+    G = load_config(SAT_SEQ_CONFIG).sat_seq.group_size
+    assert (config.trainer.mini_batch_size, config.trainer.ppo_epochs) == (16 * G, 2)
+
+
 def test_script_is_executable():
     assert os.access(TRAIN_DAPO, os.X_OK)
 

@@ -139,8 +139,8 @@ class TestEngines:
         starts = [len(t.prompt_ids) for t in trajectories]
         greedy = SamplingSpec(temperature=0.0, max_new_tokens=24)
 
-        learner.model.load_state_dict(base_weights)
-        perturb_(learner.model, seed=1, scale=2e-3)  # as a few optimiser steps would
+        learner.policy.model.load_state_dict(base_weights)
+        perturb_(learner.policy.model, seed=1, scale=2e-3)  # as a few optimiser steps would
         expected = learner.logprobs(trajectories)
         mask = torch.zeros_like(expected, dtype=torch.bool)
         for row, t in enumerate(trajectories):

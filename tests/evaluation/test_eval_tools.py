@@ -15,8 +15,8 @@ import ray
 from typer.testing import CliRunner
 
 from satseq.cli.main import app
-from satseq.config import dump_config, load_config
-from satseq.evaluation.runner import TRAIN_CONFIG, run_config_for, run_evaluation
+from satseq.config import TRAIN_CONFIG, dump_config, load_config, run_config_for
+from satseq.evaluation.runner import run_evaluation
 from satseq.models import resolve_model_path
 from tests.evaluation.conftest import AGENTS
 

@@ -18,6 +18,7 @@ SATSEQ = str(Path(sys.executable).parent / "satseq")
 SCRIPT_VARIABLES = (
     "METHOD", "OUTPUT_DIR", "TRAIN_DATA_DIR", "MODEL_PATH", "EXP_NAME", "OFFLINE_VALUES",
     "N_TRAIN", "N_VAL", "RESPONSE_LENGTH", "DEBUG", "DRY_RUN", "RAY_ADDRESS",
+    "PPO_MINI_BATCH_SIZE", "PPO_EPOCHS",
 )  # fmt: skip
 
 
@@ -73,7 +74,9 @@ def test_spo_variables_map_to_config_keys(tmp_path):
     assert config["output"] == {
         "dir": str(tmp_path / "runs"),
         "exp_name": "0123",
-        "tensorboard": True,
+        "trackers": ["tensorboard"],
+        "mlflow_tracking_uri": None,
+        "tracker_project": "satseq",
     }
     assert config["data"]["train"] == "splits/train set.parquet"
     assert config["team"]["agents"][0]["path"] == "/models/it's here"
@@ -81,6 +84,25 @@ def test_spo_variables_map_to_config_keys(tmp_path):
     assert config["rollout"]["max_new_tokens"] == 2048
     assert config["eval"]["samples_per_agent"] == 16  # N_VAL: samples per validation prompt
     assert config["grpo"]["group_size"] == 8  # untouched: SPO does not read it
+
+
+@pytest.mark.parametrize(
+    ("variables", "trajectories"),
+    [
+        ({"METHOD": "GRPO", "N_TRAIN": "8"}, 16 * 8),  # the seeds' GRPO: 16 prompts × n 8
+        ({"METHOD": "GRPO"}, 16 * 8),  # configs/grpo.yaml's group_size: 8
+        ({"METHOD": "GRPO", "N_TRAIN": "4"}, 16 * 4),
+        ({"METHOD": "SPO"}, 16),  # one response per prompt
+    ],
+)
+def test_ppo_mini_batches_in_prompts_become_trajectories(variables, trajectories):
+    """verl counts ppo_mini_batch_size in prompts, each with its responses; satseq's
+    trainer.mini_batch_size counts trajectories."""
+    command = printed_command(
+        run_script(variables | {"PPO_MINI_BATCH_SIZE": "16", "PPO_EPOCHS": "2", "DRY_RUN": "1"})
+    )
+    trainer = resolved_config(command)["trainer"]
+    assert (trainer["mini_batch_size"], trainer["ppo_epochs"]) == (trajectories, 2)
 
 
 def test_grpo_is_the_seeds_default_and_n_train_is_its_group_size():

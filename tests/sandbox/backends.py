@@ -1,7 +1,8 @@
-"""Starting a local backend in a test (or skipping where this machine cannot), and finding
-where its slots' cgroups live."""
+"""Starting a local backend in a test (or skipping where this machine cannot), running code on
+it, and finding its slots' cgroups and zygotes."""
 
 import os
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from satseq.sandbox import cgroups
 from satseq.sandbox.isolation import SandboxUnavailable
 from satseq.sandbox.local import LocalBackend, LocalSandboxSettings
+from satseq.sandbox.types import ExecutionRequest, ExecutionResult
 
 
 def start_backend(**settings) -> LocalBackend:
@@ -26,6 +28,11 @@ def start_backend(**settings) -> LocalBackend:
         pytest.skip(f"the sandbox's slot uids and cgroups need root: {error}")
 
 
+def run(sandbox, code: str, **request) -> ExecutionResult:
+    """Run `code` (dedented) on `sandbox`; `request` holds the other ExecutionRequest fields."""
+    return sandbox.run(ExecutionRequest(code=textwrap.dedent(code), **request))
+
+
 def slot_cgroup_dirs(uids: list[int]) -> list[Path]:
     """Where the slots' cgroups live (next to ours), whether or not they exist now."""
     v1_mounts, v2_mount = cgroups.cgroup_mounts(Path("/proc/self/mountinfo").read_text())
@@ -38,3 +45,24 @@ def slot_cgroup_dirs(uids: list[int]) -> list[Path]:
     if v2_mount and v2_path:
         parents.append(cgroups.path_under_mount(v2_mount, v2_path))
     return [parent / f"satseq-sandbox-{uid}" for parent in parents for uid in uids]
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"\nPPid:\t{pid}\n" in (entry / "status").read_text():
+                found.append(int(entry.name))
+        except OSError:
+            pass  # exited meanwhile
+    return found
+
+
+def zygote_pid(backend) -> int:
+    """The zygote of a one-slot backend: the child of bubblewrap's init, the child of
+    bubblewrap, the child of the supervisor."""
+    (pid,) = backend.stats()["supervisor_pids"]
+    for _ in range(3):
+        (pid,) = children(pid)
+    assert b"zygote.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return pid

@@ -45,3 +45,12 @@ def sandbox(host_secret):
     backend = start_backend(workers=4)
     yield backend
     backend.close()
+
+
+@pytest.fixture(scope="module")
+def one_slot():
+    """A backend of one slot, for a module whose every run must follow the one before it in
+    the same sandbox."""
+    backend = start_backend(workers=1)
+    yield backend
+    backend.close()

@@ -10,7 +10,6 @@ import pwd
 import secrets
 import socket
 import sysconfig
-import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,13 +17,10 @@ from pathlib import Path
 import pytest
 
 from satseq.sandbox.types import ExecutionRequest, Status
+from tests.sandbox.backends import run
 
 # The bound for a timeout: killed and reported within the timeout plus this.
 TIMEOUT_SLACK_S = 0.5
-
-
-def run(sandbox, code: str, **request):
-    return sandbox.run(ExecutionRequest(code=textwrap.dedent(code), **request))
 
 
 @pytest.fixture(autouse=True)

@@ -72,6 +72,20 @@ def test_v2_oom_kills_are_read_from_memory_events(tmp_path):
     assert slot.oom_kills() == 2
 
 
+@pytest.mark.parametrize(
+    ("slot_class", "stat"),
+    [
+        (cgroups.CgroupV1, "cache 900\nrss 300\nshmem 20\nactive_file 700\ninactive_file 180\n"),
+        (cgroups.CgroupV2, "anon 300\nfile 900\nshmem 20\nactive_file 700\nslab 4000\n"),
+    ],
+    ids=["v1", "v2"],
+)
+def test_pinned_memory_is_anonymous_and_shared_memory_not_caches(tmp_path, slot_class, stat):
+    (tmp_path / "memory.stat").write_text(stat)
+    slot = slot_class({"memory": tmp_path, "unified": tmp_path})
+    assert slot.pinned_memory() == 300 + 20
+
+
 @pytest.mark.parametrize(("current", "new"), [(256, 512), (512, 256)])
 def test_v1_memory_limit_never_exceeds_the_memory_plus_swap_limit(
     tmp_path, monkeypatch, current, new

@@ -1,8 +1,11 @@
 """Layers add up to a level; a pool is as strong as its weakest slot; below the minimum the
 backend refuses to start, and says what is missing and why."""
 
+from pathlib import Path
+
 import pytest
 
+from satseq.sandbox.bubblewrap import SCRATCH, bwrap_command
 from satseq.sandbox.isolation import IsolationReport, Layer, SandboxUnavailable, combine, require
 from satseq.sandbox.types import IsolationLevel
 
@@ -63,15 +66,26 @@ def test_a_pool_lists_the_range_of_per_slot_details():
     assert combine(slots).active == {Layer.SLOT_UID: "uid 61000 .. uid 61002"}
 
 
-def test_interpreter_under_tmp_is_bound_after_the_sandbox_tmpfs(tmp_path):
-    """A venv in a clone under /tmp must stay visible: its bind comes after `--tmpfs /tmp`."""
-    from pathlib import Path
-
-    from satseq.sandbox.bubblewrap import bwrap_command
-
-    venv = Path("/tmp/some-clone/.venv")
-    command = bwrap_command("bwrap", [venv], [tmp_path / "zygote.py"], disk_mb=8)
-    tmpfs_at = command.index("/tmp", command.index("--tmpfs"))
-    bind_at = command.index(str(venv))
-    assert command[bind_at - 1] == "--ro-bind" and bind_at > tmpfs_at
-    assert command.index("--remount-ro") > bind_at
+def test_nothing_of_the_host_is_bound_inside_a_scratch_directory(tmp_path):
+    """The zygote empties /tmp between runs: a venv in a checkout under /tmp is shown under
+    /run/satseq/host instead, and the other paths at their own."""
+    venv, elsewhere = Path("/tmp/some-clone/.venv"), Path("/opt/python")
+    scratch_tmpfs = tmp_path / "tmp"
+    command = bwrap_command(
+        "bwrap", [venv, elsewhere], [tmp_path / "zygote.py"], 8, {"/tmp": scratch_tmpfs}
+    )
+    binds = [
+        (Path(command[at + 1]), Path(command[at + 2]))
+        for at, argument in enumerate(command)
+        if argument in ("--bind", "--ro-bind")
+    ]
+    assert (venv, Path("/run/satseq/host/tmp/some-clone/.venv")) in binds
+    assert (elsewhere, elsewhere) in binds
+    assert (scratch_tmpfs, Path("/tmp")) in binds
+    inside_scratch = [
+        target
+        for _, target in binds
+        for directory in SCRATCH
+        if target.is_relative_to(directory) and target != Path(directory)
+    ]
+    assert inside_scratch == []

@@ -3,18 +3,13 @@
 import asyncio
 import os
 import signal
-import textwrap
 
 import pytest
 
 from satseq.sandbox.isolation import Layer, SandboxUnavailable
 from satseq.sandbox.local import LocalBackend, LocalSandboxSettings
 from satseq.sandbox.types import ExecutionRequest, IsolationLevel, Status
-from tests.sandbox.backends import slot_cgroup_dirs, start_backend
-
-
-def run(sandbox, code: str, **request):
-    return sandbox.run(ExecutionRequest(code=textwrap.dedent(code), **request))
+from tests.sandbox.backends import run, slot_cgroup_dirs, start_backend
 
 
 def test_the_probe_finds_every_layer_on_a_prepared_machine(sandbox):

@@ -6,51 +6,17 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
-from satseq.sandbox.types import ExecutionRequest, Status
-from tests.sandbox.backends import start_backend
+from satseq.sandbox.types import Status
+from tests.sandbox.backends import run, zygote_pid
 
 ONLY_OWN_PROCESSES = """
 import os
 print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == [1, os.getppid(), os.getpid()])
 """
-
-
-def run(sandbox, code: str, **request):
-    return sandbox.run(ExecutionRequest(code=textwrap.dedent(code), **request))
-
-
-@pytest.fixture(scope="module")
-def one_slot():
-    backend = start_backend(workers=1)
-    yield backend
-    backend.close()
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and f"\nPPid:\t{pid}\n" in (entry / "status").read_text():
-                found.append(int(entry.name))
-        except OSError:
-            pass  # exited meanwhile
-    return found
-
-
-def zygote_pid(backend) -> int:
-    """The slot's zygote: the child of bubblewrap's init, the child of bubblewrap, the child of
-    the supervisor."""
-    (pid,) = backend.stats()["supervisor_pids"]
-    for _ in range(3):
-        (pid,) = children(pid)
-    assert b"zygote.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    return pid
 
 
 # Nothing of one run reaches the next

@@ -22,7 +22,7 @@ from ray import serve
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from satseq.config import load_config
-from satseq.launch import builders
+from satseq.launch.settings import prompt_format, reward_scorer
 from satseq.models import resolve_model_path
 from satseq.serving.agent import AgentDeployment
 from satseq.serving.app import (
@@ -83,19 +83,19 @@ def server(tmp_path_factory):
         url = start_server(config, root / "team", port=free_port())
         a0 = serve.get_deployment_handle("agent_a0", app_name="satseq")
         settings = serve_settings(config, {"checkpoint_dir": str(root / "team")})
-        scorer = builders.reward_scorer(config)
-        prompt_format = builders.prompt_format(config)
+        scorer = reward_scorer(config)
+        problem_format = prompt_format(config)
         broken_agent = AgentDeployment.options(name="agent_broken", **LIGHT).bind(
             str(broken), scorer, "hf", {}, 0
         )
         paths = {"a0": str(root / "team" / "a0"), "broken": str(broken)}
         faulty = TeamIngress.options(**LIGHT).bind(
-            {"a0": a0, "broken": broken_agent}, paths, prompt_format, scorer, settings
+            {"a0": a0, "broken": broken_agent}, paths, problem_format, scorer, settings
         )
         serve.run(faulty, name="faulty", route_prefix="/faulty")
         slow_settings = settings.model_copy(update={"timeout_s": 1e-4})
         slow = TeamIngress.options(**LIGHT).bind(
-            {"a0": a0}, {"a0": paths["a0"]}, prompt_format, scorer, slow_settings
+            {"a0": a0}, {"a0": paths["a0"]}, problem_format, scorer, slow_settings
         )
         serve.run(slow, name="slow", route_prefix="/slow")
         yield Server(url, {"Authorization": f"Bearer {API_KEY}"}, str(root / "team"))

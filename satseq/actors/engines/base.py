@@ -2,7 +2,9 @@
 
 An engine holds one policy (one agent's weights) and does three things with it: sample
 continuations of token-id prompts, take new weights from the learner in place, and score
-given tokens teacher-forced (for checks that the engine and the learner agree). When the team
+given tokens teacher-forced (for checks that the engine and the learner agree). An engine on a
+base model with LoRA adapters (`adapters=`) holds one policy per adapter: LoRA agents share it
+through `satseq.actors.engines.lora`. When the team
 shares its GPUs with the learners (`trainer.offload: idle_agents`) it also sleeps while they
 train.
 """
@@ -89,6 +91,17 @@ def set_cpu_threads(num_threads: int) -> None:
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
     os.environ["OMP_NUM_THREADS"] = str(num_threads)
     torch.set_num_threads(num_threads)
+
+
+def by_adapter(adapters: list[str | None] | None, count: int) -> dict[str | None, list[int]]:
+    """The indices of `count` requests by the LoRA adapter each asks for (None: the base), in
+    first-seen order (`adapters` None: all the base's)."""
+    if adapters is not None and len(adapters) != count:
+        raise ValueError(f"{len(adapters)} adapters for {count} requests")
+    groups: dict[str | None, list[int]] = {}
+    for index, adapter in enumerate(adapters or [None] * count):
+        groups.setdefault(adapter, []).append(index)
+    return groups
 
 
 def check_generate_request(prompts: list[list[int]], n: int) -> None:

@@ -7,7 +7,9 @@ exactly.
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -15,6 +17,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from satseq.actors.engines.base import (
     GREEDY_BELOW_TEMPERATURE,
+    by_adapter,
     check_generate_request,
     check_logprob_request,
     set_cpu_threads,
@@ -34,7 +37,10 @@ class HFEngine:
     """One policy sampled with transformers' `generate`, in left-padded micro-batches.
 
     Options: `num_threads` (torch intra-op threads for this process), `max_batch_size`
-    (sequences per `generate` call, which bounds memory), `device`.
+    (sequences per `generate` call, which bounds memory), `device`, `fp32_head` (the output
+    layer's matmul in float32 whatever the model's dtype, as the learner computes it),
+    `adapters` (LoRA agent name → adapter directory on this base: a peft model with one adapter
+    per agent; a call's `adapters` say which answers each prompt).
 
     Seeding: a call with `spec.seed` samples the whole call under `torch.manual_seed(spec.seed)`,
     so the same requests with the same seed give the same samples. A call without one takes its
@@ -51,9 +57,17 @@ class HFEngine:
         num_threads: int = 1,
         max_batch_size: int = 64,
         device: str = "cpu",
+        fp32_head: bool = True,
+        adapters: dict[str, str] | None = None,
     ) -> None:
         set_cpu_threads(num_threads)
         self.model, self.tokenizer = load_policy(model_path, dtype, device)
+        self.fp32_head = fp32_head
+        if fp32_head:
+            float32_output_layer(self.model)
+        self.peft = None  # the peft model over `model` once an adapter is added
+        for name, directory in (adapters or {}).items():
+            self.add_adapter(name, directory)
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
         self.pad_token_id = self.tokenizer.pad_token_id
@@ -66,17 +80,26 @@ class HFEngine:
         self._seeds = random.Random(seed)
 
     def generate(
-        self, prompts: list[list[int]], spec: SamplingSpec, n: int = 1
+        self,
+        prompts: list[list[int]],
+        spec: SamplingSpec,
+        n: int = 1,
+        adapters: list[str | None] | None = None,
     ) -> list[list[Generation]]:
         check_generate_request(prompts, n)
         expanded = [prompt for prompt in prompts for _ in range(n)]
+        adapter_of = None if adapters is None else [a for a in adapters for _ in range(n)]
         seed = spec.seed if spec.seed is not None else self._seeds.getrandbits(63)
-        generations: list[Generation] = []
+        generations: list[Generation | None] = [None] * len(expanded)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            for first in range(0, len(expanded), self.max_batch_size):
-                chunk = expanded[first : first + self.max_batch_size]
-                generations.extend(self._generate_batch(chunk, spec))
+            for adapter, indices in by_adapter(adapter_of, len(expanded)).items():
+                with self._active(adapter):
+                    for first in range(0, len(indices), self.max_batch_size):
+                        chunk = indices[first : first + self.max_batch_size]
+                        batch = self._generate_batch([expanded[i] for i in chunk], spec)
+                        for index, generation in zip(chunk, batch, strict=True):
+                            generations[index] = generation
         return [generations[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _generate_batch(self, prompts: list[list[int]], spec: SamplingSpec) -> list[Generation]:
@@ -101,6 +124,13 @@ class HFEngine:
             if spec.logprobs
             else None
         )
+        # [batch, new tokens]: log π(token) under the distribution it was drawn from: the
+        # scores after the temperature (and top_p), what `generate` sampled
+        behaviour = (
+            token_logprobs(torch.stack(output.scores, dim=1).float(), new_tokens).cpu()
+            if spec.behaviour_logprobs
+            else None
+        )
         generations = []
         for row, (tokens, end) in enumerate(
             zip(new_tokens.tolist(), stops.stopped_at, strict=True)
@@ -110,7 +140,14 @@ class HFEngine:
                 None if sampled_logprobs is None else float(sampled_logprobs[row, :kept].sum())
             )
             reason = "length" if end is None else "stop"
-            generations.append(Generation(tokens[:kept], reason, logprob=logprob))
+            generations.append(
+                Generation(
+                    tokens[:kept],
+                    reason,
+                    logprob=logprob,
+                    token_logprobs=None if behaviour is None else behaviour[row, :kept].tolist(),
+                )
+            )
         return generations
 
     def _generation_config(self, spec: SamplingSpec) -> GenerationConfig:
@@ -120,6 +157,7 @@ class HFEngine:
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
             output_logits=spec.logprobs,  # raw logits, before temperature and top_p: `logprob`
+            output_scores=spec.behaviour_logprobs,  # after them: `token_logprobs`
         )
         if spec.temperature < GREEDY_BELOW_TEMPERATURE:
             return GenerationConfig(do_sample=False, **common)
@@ -137,10 +175,65 @@ class HFEngine:
         if unexpected:
             raise ValueError(f"the model has no weights named {unexpected[:5]}")
 
+    # --- LoRA adapters (`satseq.actors.engines.lora`) -------------------------------------------
+
+    def add_adapter(self, name: str, adapter_dir: str) -> None:
+        """Adapter `name` from a PEFT adapter directory on this engine's base."""
+        from peft import PeftModel
+
+        if self.peft is None:  # peft adapts `model`'s layers in place
+            self.peft = PeftModel.from_pretrained(self.model, adapter_dir, adapter_name=name)
+        else:
+            self.peft.load_adapter(adapter_dir, adapter_name=name)
+
+    def can_add_adapter(self, adapter_dir: str) -> bool:
+        return True  # peft holds any number, of any rank
+
+    def load_adapter(self, name: str, weights: dict[str, torch.Tensor]) -> None:
+        """Adapter `name`'s tensors (PEFT-named, all or some) replaced in place."""
+        from peft import set_peft_model_state_dict
+
+        loaded = set_peft_model_state_dict(self.peft, weights, adapter_name=name)
+        if loaded.unexpected_keys:
+            raise ValueError(f"adapter {name!r} has no weights named {loaded.unexpected_keys[:5]}")
+
+    def remove_adapter(self, name: str) -> None:
+        if len(self.peft.peft_config) > 1:  # peft keeps its last adapter; the engine closes next
+            self.peft.delete_adapter(name)
+
+    @contextlib.contextmanager
+    def _active(self, adapter: str | None) -> Iterator[None]:
+        """Forward passes with `adapter` (None: the base alone)."""
+        if self.peft is None and adapter is None:
+            yield
+        elif adapter is None:
+            with self.peft.disable_adapter():
+                yield
+        else:
+            self.peft.set_adapter(adapter)
+            yield
+
     def prompt_logprobs(
-        self, sequences: list[list[int]], start: list[int], temperature: float = 1.0
+        self,
+        sequences: list[list[int]],
+        start: list[int],
+        temperature: float = 1.0,
+        adapters: list[str | None] | None = None,
     ) -> list[list[float]]:
         check_logprob_request(sequences, start, temperature)
+        result: list[list[float]] = [[] for _ in sequences]
+        for adapter, indices in by_adapter(adapters, len(sequences)).items():
+            with self._active(adapter):
+                scored = self._prompt_logprobs(
+                    [sequences[i] for i in indices], [start[i] for i in indices], temperature
+                )
+            for index, logprobs in zip(indices, scored, strict=True):
+                result[index] = logprobs
+        return result
+
+    def _prompt_logprobs(
+        self, sequences: list[list[int]], start: list[int], temperature: float
+    ) -> list[list[float]]:
         trajectories = [
             Trajectory(
                 prompt_index=i,
@@ -155,7 +248,7 @@ class HFEngine:
         batch = pad_batch(trajectories, self.pad_token_id)
         with torch.inference_mode():
             logprobs = response_logprobs(
-                PolicyTrunk(self.model), batch.to(self.device), temperature
+                PolicyTrunk(self.model, self.fp32_head), batch.to(self.device), temperature
             )
         return [logprobs[i, : len(t.response_ids)].tolist() for i, t in enumerate(trajectories)]
 
@@ -167,6 +260,21 @@ class HFEngine:
 
     def close(self) -> None:
         self.model = None
+
+
+def float32_output_layer(model: torch.nn.Module) -> None:
+    """The model's output layer (lm_head) in float32, fed float32 hidden states: `generate`'s
+    logits are then float32 matmuls, as the learner's (`trainer.fp32_head`). A tied output
+    layer gets a float32 copy of the embedding (the input embedding stays in its dtype)."""
+    head = model.get_output_embeddings()
+    if head.weight.dtype == torch.float32:
+        return
+    untied = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
+    untied.weight = torch.nn.Parameter(head.weight.detach().float(), requires_grad=False)
+    if head.bias is not None:
+        untied.bias = torch.nn.Parameter(head.bias.detach().float(), requires_grad=False)
+    untied.register_forward_pre_hook(lambda _, args: (args[0].float(), *args[1:]))
+    model.set_output_embeddings(untied.to(head.weight.device))
 
 
 class StopRecorder(StoppingCriteria):

@@ -30,13 +30,16 @@ from vllm.v1.engine.core_client import InprocClient
 
 from satseq.actors.engines.base import (
     GREEDY_BELOW_TEMPERATURE,
+    by_adapter,
     check_generate_request,
     check_logprob_request,
     set_cpu_threads,
 )
+from satseq.actors.engines.vllm_lora import VLLMAdapters, lora_options
 from satseq.actors.trajectory import Generation, SamplingSpec
 from satseq.actors.weight_transfer import TransferBackend
 from satseq.models import resolve_model_path
+from satseq.seeds import call_seed
 
 # What works on a few CPU cores: no graph compilation (it costs minutes of start-up and needs
 # Triton), and an explicit KV-cache size (vLLM's default reserves a fraction of all RAM).
@@ -57,9 +60,14 @@ _open_engines: weakref.WeakSet[VLLMEngine] = weakref.WeakSet()
 class VLLMEngine:
     """One policy served by an in-process `vllm.LLM`.
 
-    Options: `num_threads` (torch threads of this process, on CPU), and any `vllm.LLM`
-    argument (`max_model_len`, `kv_cache_memory_bytes`, `gpu_memory_utilization`, ...), which
-    override CPU_DEFAULTS.
+    Options: `num_threads` (torch threads of this process, on CPU), `fp32_head` (the output
+    layer in float32, vLLM's `head_dtype` for generation models: the learner computes its
+    logits so, `trainer.fp32_head`), and any `vllm.LLM` argument (`max_model_len`,
+    `kv_cache_memory_bytes`, `gpu_memory_utilization`, ...), which override CPU_DEFAULTS.
+
+    With `adapters` (LoRA agent name → adapter directory on this base) the engine serves each
+    agent's adapter through vLLM's multi-LoRA (`satseq.actors.engines.vllm_lora`); a call's
+    `adapters` say which answers each prompt.
 
     Seeding: `LLM(seed=seed)` seeds the engine's sampling stream. A call with `spec.seed`
     samples prompt i with its own generator seeded `spec.seed + i`, so the same requests with
@@ -74,6 +82,8 @@ class VLLMEngine:
         seed: int = 0,
         num_threads: int = 1,
         weight_transfer: TransferBackend | None = None,
+        fp32_head: bool = True,
+        adapters: dict[str, str] | None = None,
         **llm_options: Any,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -82,6 +92,8 @@ class VLLMEngine:
             # prompt_logprobs at a temperature ≠ 1 needs the whole vocabulary's log-probs
             "max_logprobs": -1,
             **(_cpu_defaults(model_dir) if current_platform.is_cpu() else {}),
+            **({"hf_overrides": {"head_dtype": "float32"}} if fp32_head else {}),
+            **(lora_options(list(adapters.values())) if adapters else {}),
             **llm_options,
         }
         if weight_transfer is not None:  # a collective weight sync (`receive_weights`)
@@ -107,6 +119,8 @@ class VLLMEngine:
                 "process probably read the variable first. Weight sync needs the engine in "
                 "this process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 before any vLLM engine starts."
             )
+        # the sampled tokens' log-probs are the sampling distribution's (temperature applied)
+        self.processed_logprobs = options.get("logprobs_mode") == "processed_logprobs"
         # vLLM sleeps on CUDA only, and only when built for it (engine option enable_sleep_mode)
         self.can_sleep = (
             current_platform.is_cuda()
@@ -114,9 +128,18 @@ class VLLMEngine:
             and bool(options.get("enable_sleep_mode"))
         )
         _open_engines.add(self)
+        self.lora: VLLMAdapters | None = None
+        if adapters:
+            self.lora = VLLMAdapters(self.llm, options["max_loras"], options["max_lora_rank"])
+            for name, directory in adapters.items():
+                self.lora.add(name, directory)
 
     def generate(
-        self, prompts: list[list[int]], spec: SamplingSpec, n: int = 1
+        self,
+        prompts: list[list[int]],
+        spec: SamplingSpec,
+        n: int = 1,
+        adapters: list[str | None] | None = None,
     ) -> list[list[Generation]]:
         check_generate_request(prompts, n)
         greedy = spec.temperature < GREEDY_BELOW_TEMPERATURE
@@ -130,17 +153,32 @@ class VLLMEngine:
                 top_k=spec.top_k,  # 0: off, as in SamplingSpec
                 max_tokens=spec.max_new_tokens,
                 stop=list(spec.stop),
-                seed=None if spec.seed is None else spec.seed + i,
-                # the sampled token's raw log-prob only: for `Generation.logprob`
-                logprobs=0 if spec.logprobs else None,
+                seed=call_seed(spec.seed, i),
+                # the sampled token's log-prob only: raw for `Generation.logprob`, or with
+                # logprobs_mode "processed_logprobs" under the sampling distribution, for
+                # `Generation.token_logprobs`
+                logprobs=0 if spec.logprobs or spec.behaviour_logprobs else None,
             )
             for i in range(len(prompts))
         ]
-        outputs = self.llm.generate(_token_prompts(prompts), params, use_tqdm=False)
+        outputs = self.llm.generate(
+            _token_prompts(prompts),
+            params,
+            use_tqdm=False,
+            lora_request=self._lora_requests(adapters, len(prompts)),
+        )
+        if spec.behaviour_logprobs and not self.processed_logprobs:
+            raise ValueError(
+                "behaviour log-probs need a vLLM engine started with logprobs_mode "
+                "'processed_logprobs' (the engine option overlapped stages set)"
+            )
         return [
             [
                 Generation(
-                    list(sample.token_ids), sample.finish_reason, logprob=sample.cumulative_logprob
+                    list(sample.token_ids),
+                    sample.finish_reason,
+                    logprob=sample.cumulative_logprob,
+                    token_logprobs=_sampled_logprobs(sample) if spec.behaviour_logprobs else None,
                 )
                 for sample in output.outputs
             ]
@@ -154,6 +192,33 @@ class VLLMEngine:
             "reload_weights", kwargs={"weights_iterator": iter(weights.items())}
         )
         self.llm.reset_prefix_cache()
+
+    # --- LoRA adapters (`satseq.actors.engines.lora`) -------------------------------------------
+
+    def add_adapter(self, name: str, adapter_dir: str) -> None:
+        self._adapters().add(name, adapter_dir)
+
+    def can_add_adapter(self, adapter_dir: str) -> bool:
+        return self.lora is not None and self.lora.can_add(adapter_dir)
+
+    def load_adapter(self, name: str, weights: dict[str, torch.Tensor]) -> None:
+        """A push: agent `name`'s adapter as a new version (`VLLMAdapters.load`)."""
+        self._adapters().load(name, weights)
+
+    def remove_adapter(self, name: str) -> None:
+        self._adapters().remove(name)
+
+    def _adapters(self) -> VLLMAdapters:
+        if self.lora is None:
+            raise ValueError("this vLLM engine was started without adapters (enable_lora)")
+        return self.lora
+
+    def _lora_requests(self, adapters: list[str | None] | None, count: int) -> list | None:
+        """Each prompt's LoRARequest (None: the base's), or None where no prompt has one."""
+        groups = by_adapter(adapters, count)
+        if list(groups) == [None]:
+            return None
+        return [self._adapters().request(adapter) for adapter in adapters]
 
     def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         """Join the learner's weight-transfer group (`satseq.actors.weight_transfer`), leaving
@@ -172,7 +237,11 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def prompt_logprobs(
-        self, sequences: list[list[int]], start: list[int], temperature: float = 1.0
+        self,
+        sequences: list[list[int]],
+        start: list[int],
+        temperature: float = 1.0,
+        adapters: list[str | None] | None = None,
     ) -> list[list[float]]:
         """See `Engine.prompt_logprobs`.
 
@@ -186,7 +255,12 @@ class VLLMEngine:
         params = vllm.SamplingParams(
             max_tokens=1, prompt_logprobs=-1 if whole_vocabulary else 0, detokenize=False
         )
-        outputs = self.llm.generate(_token_prompts(sequences), params, use_tqdm=False)
+        outputs = self.llm.generate(
+            _token_prompts(sequences),
+            params,
+            use_tqdm=False,
+            lora_request=self._lora_requests(adapters, len(sequences)),
+        )
         result = []
         for output, sequence, first in zip(outputs, sequences, start, strict=True):
             positions = output.prompt_logprobs[first:]
@@ -219,6 +293,8 @@ class VLLMEngine:
         if self not in _open_engines:
             return
         _open_engines.discard(self)
+        if self.lora is not None:
+            self.lora.close()
         client = self.llm.llm_engine.engine_core
         if _open_engines:
             # Keep the shared process groups alive for the other engines: skip the shutdown
@@ -253,3 +329,12 @@ def _at_temperature(positions, targets: list[int], temperature: float) -> list[f
         tempered = torch.log_softmax(logp / temperature, dim=-1)
         result.append(tempered[token_ids == target].item())
     return result
+
+
+def _sampled_logprobs(sample: Any) -> list[float]:
+    """Each sampled token's log-prob, as vLLM reported it (`sample.logprobs[t]` maps the sampled
+    token, and any others asked for, to their Logprob)."""
+    return [
+        position[token].logprob
+        for token, position in zip(sample.token_ids, sample.logprobs, strict=True)
+    ]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from satseq.cluster.recipes.base import LearnerSettings, Recipe, Runtime, StageResult
+from satseq.cluster.learner_specs import LearnerSettings
+from satseq.cluster.recipes.base import Recipe, StageResult
 from satseq.cluster.recipes.grpo import GrpoRecipe
 from satseq.cluster.recipes.sat_seq import SatSeqRecipe
 from satseq.cluster.recipes.spo import SpoRecipe
@@ -15,7 +16,6 @@ __all__ = [
     "GrpoRecipe",
     "LearnerSettings",
     "Recipe",
-    "Runtime",
     "SatSeqRecipe",
     "SpoRecipe",
     "StageResult",

@@ -8,38 +8,51 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from satseq.actors.learner.specs import LossSpec
+from satseq.actors.trajectory import SamplingSpec, Trajectory
 from satseq.algo import group_advantages
-from satseq.cluster.builders import PLAIN_STEPS, loss_spec
-from satseq.cluster.recipes.base import (
-    LearnerSettings,
-    Runtime,
-    StageResult,
-    lap,
+from satseq.cluster.learner_specs import PLAIN_STEPS, LearnerSettings
+from satseq.cluster.recipes.base import StageResult, lap, next_prompts, stage_sampling_spec
+from satseq.cluster.recipes.stage_metrics import (
     near_zero_fraction,
     stage_metrics,
-    stage_sampling_spec,
+    team_vote_accuracy,
     update_metrics,
+)
+from satseq.cluster.recipes.stage_rollouts import (
+    MAX_LOG_RATIO,
+    RolloutPlan,
+    dynamically_sampled,
+    off_policy_weights,
+    overlap_metrics,
+    rollout_queue,
 )
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
 from satseq.data import MathProblem
 from satseq.data.cursor import PromptCursor
+from satseq.seeds import round_seed
+
+if TYPE_CHECKING:
+    from satseq.cluster.runtime import TeamRuntime
 
 
 class GrpoRecipe:
-    def __init__(self, config: RunConfig, runtime: Runtime, problems: list[MathProblem]):
+    def __init__(self, config: RunConfig, runtime: TeamRuntime, problems: list[MathProblem]):
         self.config, self.runtime, self.problems = config, runtime, problems
         self.cursor = PromptCursor(len(problems), config.trainer.seed)
+        self.queue = rollout_queue(config, runtime, self._plan, self._generate)
 
     @staticmethod
     def learner_settings(config: RunConfig) -> LearnerSettings:
         """Token-level PPO-clip (`grpo`), plain steps, measured after each only if asked."""
-        steps = replace(PLAIN_STEPS, measure=config.grpo.measure_step_kl)
-        return LearnerSettings(loss_spec(config.grpo), steps)
+        g = config.grpo
+        loss = LossSpec(
+            ratio="token", eps_low=g.eps_low, eps_high=g.eps_high, aggregation="token_mean"
+        )
+        return LearnerSettings(loss, replace(PLAIN_STEPS, measure=g.measure_step_kl))
 
     def run_stage(self, k: int) -> StageResult:
         rt, cfg = self.runtime, self.config
@@ -47,28 +60,40 @@ class GrpoRecipe:
         timings: dict[str, float] = {}
         clock = time.perf_counter()
 
-        # 1. B prompts, each answered G times by every agent: one group per (agent, prompt)
-        problems = [self.problems[i] for i in self.cursor.next(cfg.trainer.batch_size)]
-        prompts = [p for p in problems for _ in range(n_agents)]
-        owners = [[a] * G for _ in problems for a in range(n_agents)]
-        clock = lap(timings, "time/sample", clock)
+        # 1. B prompts, each answered G times by every agent: one group per (agent, prompt),
+        # scored 0/1; generated now, or during an earlier stage's updates (max_staleness)
         rt.set_progress("rollout")
-        trajectories = rt.sample(prompts, owners, stage_sampling_spec(cfg, k))  # scored, 0/1
-        batch = StageBatch.build(trajectories, n_agents)
+        rollouts = self.queue.take(k, cfg.trainer.stages - 1)
+        problems = rollouts.plan.problems
+        batch = StageBatch.build(rollouts.trajectories, n_agents)
         clock = lap(timings, "time/rollout", clock)
 
-        # 2. A = (R − mean_G R) / (std_G R + 1e-8); Dr.GRPO drops the std
-        groups = group_advantages(batch.rewards.view(-1, G), normalize_std=not cfg.grpo.dr_grpo)
-        A = groups.advantages.flatten()
-        c = torch.ones_like(A)  # on-policy: no importance weights between agents
+        # 2. on-policy, the behaviour log-probs at the sampling temperature are each learner's
+        # own, taken in its update's first forward pass (logp_cur None); rollouts an older team
+        # generated need the stage-start ones, and weigh min(1, π_cur/π_behaviour)
+        logp_cur = rt.logprobs(batch) if rollouts.staleness > 0 else None
+        w_off = off_policy_weights(batch, logp_cur, rollouts, MAX_LOG_RATIO)
+        clock = lap(timings, "time/logprobs", clock)
 
-        # 3. every agent's PPO-clip update, in parallel, then the engines get the new weights.
-        # On-policy, the behaviour log-probs at the sampling temperature are each learner's
-        # own, taken in its update's first forward pass (logp_cur None).
+        # 3. A = (R − mean_G R) / (std_G R + 1e-6), verl's unbiased std, the baseline weighted by
+        # the off-policy weights; Dr.GRPO drops the std
+        groups = group_advantages(
+            batch.rewards.view(-1, G),
+            weights=w_off.view(-1, G) if rollouts.staleness > 0 else None,
+            normalize_std=not cfg.grpo.dr_grpo,
+            eps=1e-6,
+            unbiased_std=True,
+        )
+        A = groups.advantages.flatten()
+        c = w_off  # no importance weights between agents: each updates on its own samples
+
+        # 4. every agent's PPO-clip update, in parallel, then the engines get the new weights
         rt.set_progress("update")
         rows = [batch.rows_of(i) for i in range(n_agents)]
-        results = rt.update_all(batch, rows, None, A, c)
-        lap(timings, "time/update", clock)
+        results = rt.update_all(batch, rows, logp_cur, A, c)
+        clock = lap(timings, "time/update", clock)
+        self.queue.boundary()
+        lap(timings, "time/boundary", clock)
 
         per_agent = {
             name: update_metrics(stats) for name, stats in zip(rt.agents, results, strict=True)
@@ -76,15 +101,57 @@ class GrpoRecipe:
         metrics = {
             **stage_metrics(rt, batch, per_agent),
             # a prompt's n·G samples are contiguous: the team votes over all of them
-            "reward/team_vote": rt.team_vote_accuracy(batch.trajectories, n_agents * G),
+            "reward/team_vote": team_vote_accuracy(rt.scorer, batch.trajectories, n_agents * G),
             "groups/degenerate_fraction": groups.degenerate_groups / (len(problems) * n_agents),
             "advantage/near_zero_fraction": near_zero_fraction(A),
+            **rollouts.metrics,
+            **overlap_metrics(self.queue, rollouts, w_off, timings),
             **timings,
         }
         return StageResult(metrics)
 
+    def _plan(self, k: int) -> RolloutPlan:
+        """Stage k's B prompts."""
+        cfg = self.config
+        problems = [self.problems[i] for i in self.cursor.next(cfg.trainer.batch_size)]
+        return RolloutPlan(k, problems, stage_sampling_spec(cfg, k))
+
+    def _generate(self, plan: RolloutPlan) -> tuple[list[Trajectory], dict[str, float]]:
+        """Each prompt answered G times by every agent (prompt-major, then agent). With
+        dynamic sampling, a prompt whose every group's rewards are all equal is dropped and
+        more are drawn."""
+        dynamic = self.config.rollout.dynamic_sampling
+        if not dynamic.enabled:
+            return self._rollouts(plan.problems, plan.spec), {}
+        sampled = dynamically_sampled(
+            plan.problems,
+            lambda problems, first, r: self._rollouts(
+                problems, replace(plan.spec, seed=round_seed(plan.spec.seed, r))
+            ),
+            lambda n: [self.problems[i] for i in self.cursor.next(n)],
+            self.config.grpo.group_size * len(self.runtime.agents),
+            dynamic.max_rounds,
+        )
+        return sampled.trajectories, sampled.metrics
+
+    def _rollouts(self, problems: list[MathProblem], spec: SamplingSpec) -> list[Trajectory]:
+        G, n_agents = self.config.grpo.group_size, len(self.runtime.agents)
+        prompts = [p for p in problems for _ in range(n_agents)]
+        owners = [[a] * G for _ in problems for a in range(n_agents)]
+        return self.runtime.sample(prompts, owners, spec)
+
+    def upcoming_prompts(self, k: int) -> list[MathProblem]:
+        queued = self.queue.queued.get(k)
+        if queued is not None:
+            return queued.plan.problems
+        return next_prompts(self.cursor, self.problems, self.config.trainer.batch_size)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"cursor": self.cursor.state_dict()}
+        return {"cursor": self.cursor.state_dict(), "queue": self.queue.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.cursor.load_state_dict(state["cursor"])
+        self.queue.load_state_dict(state["queue"])
+
+    def close(self) -> None:
+        self.queue.close()

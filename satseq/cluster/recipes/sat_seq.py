@@ -2,44 +2,53 @@
 
 from __future__ import annotations
 
-import math
 import time
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from satseq.actors.learner.specs import LossSpec
 from satseq.actors.topology import mixture_assignment
+from satseq.actors.trajectory import Trajectory
 from satseq.algo import (
     AgentScheduler,
     gae,
     gae_group_advantages,
     group_advantages,
     masked_mean,
-    masked_sum,
     terminal_rewards,
     truncated_is_weights,
 )
-from satseq.cluster.builders import loss_spec, trust_region_spec
-from satseq.cluster.recipes.base import (
-    LearnerSettings,
-    Runtime,
-    StageResult,
-    lap,
-    stage_metrics,
-    stage_sampling_spec,
-    update_metrics,
-)
+from satseq.cluster.learner_specs import LearnerSettings, trust_region_spec
+from satseq.cluster.recipes.base import StageResult, lap, next_prompts, stage_sampling_spec
 from satseq.cluster.recipes.certificate import (
+    GAIN_KEY,
     R_MAX,
     R_MIN,
+    HeldOut,
     agent_certificate,
-    bandit_certificate,
     certificate_record,
+    holdout_size,
+    team_certificate,
 )
+from satseq.cluster.recipes.stage_metrics import stage_metrics, team_vote_accuracy, update_metrics
+from satseq.cluster.recipes.stage_rollouts import (
+    RolloutPlan,
+    dynamically_sampled,
+    off_policy_weights,
+    overlap_metrics,
+    rollout_queue,
+)
+from satseq.cluster.rollout_queue import StageRollouts
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
 from satseq.data import MathProblem, apply_chat_template
 from satseq.data.cursor import PromptCursor
+from satseq.seeds import round_seed
+
+if TYPE_CHECKING:
+    from satseq.cluster.runtime import TeamRuntime
 
 DEFAULT_ROLE_PROMPT = "Check the solution above and give the final answer in \\boxed{}."
 
@@ -48,7 +57,7 @@ class SatSeqRecipe:
     """Block-coordinate updates of the agents in a scheduled order, each seeing the ones
     updated before it through truncated IS weights, under a quantile-KL trust region."""
 
-    def __init__(self, config: RunConfig, runtime: Runtime, problems: list[MathProblem]):
+    def __init__(self, config: RunConfig, runtime: TeamRuntime, problems: list[MathProblem]):
         self.config, self.runtime, self.problems = config, runtime, problems
         self.cursor = PromptCursor(len(problems), config.trainer.seed)
         self.scheduler = AgentScheduler(
@@ -69,6 +78,7 @@ class SatSeqRecipe:
         ]
         self.last_gains: dict[str, float] | None = None
         self.baseline_reward = (R_MIN + R_MAX) / 2  # b of the bandit bound, fixed before sampling
+        self.queue = rollout_queue(config, runtime, self._plan, self._generate)
 
     @staticmethod
     def learner_settings(config: RunConfig) -> LearnerSettings:
@@ -76,7 +86,7 @@ class SatSeqRecipe:
         (`algorithm.kl_ctrl`); in `gae` mode a value head per learner."""
         s = config.sat_seq
         return LearnerSettings(
-            loss_spec(s),
+            LossSpec(ratio=s.ratio, eps_low=s.epsilon, eps_high=s.epsilon, aggregation="seq_mean"),
             trust_region_spec(config.algorithm.kl_ctrl),
             value_lr=s.value_lr if s.advantage == "gae" else None,
         )
@@ -88,25 +98,25 @@ class SatSeqRecipe:
         timings: dict[str, float] = {}
         clock = time.perf_counter()
 
-        # 1. sample B prompts; the last holdout_fraction of them certify the stage
-        problems = [self.problems[i] for i in self.cursor.next(cfg.trainer.batch_size)]
-        n_holdout = math.floor(cfg.algorithm.certificate.holdout_fraction * len(problems))
-        n_train_prompts = len(problems) - n_holdout
-        clock = lap(timings, "time/sample", clock)
-
-        # 2. rollouts: G trajectories per prompt, agents assigned by the team topology
+        # 1–2. B prompts, G trajectories each, agents assigned by the team topology: generated
+        # now, or while an earlier stage's learners updated (rollout.max_staleness, DESIGN §12);
+        # the last holdout_fraction of the prompts certify the stage
         rt.set_progress("rollout")
         G = cfg.sat_seq.group_size
-        trajectories = self._rollouts(problems, k)
+        rollouts = self.queue.take(k, cfg.trainer.stages - 1)
+        n_holdout = holdout_size(cfg, len(rollouts.plan.problems))
+        n_train = len(rollouts.trajectories) - n_holdout * G
         clock = lap(timings, "time/rollout", clock)
 
         # 3. rewards: 0/1, math-verify, scored by the rollout workers with the samples
-        batch = StageBatch.build(trajectories, len(agents), n_train_prompts * G)
+        batch = StageBatch.build(rollouts.trajectories, len(agents), n_train)
         R = batch.rewards
 
-        # 4. behaviour log-probs logp_cur: teacher-forced, stage-start weights, sampling temperature
+        # 4. behaviour log-probs logp_cur: teacher-forced, stage-start weights, sampling
+        # temperature; rollouts an older team generated weigh min(1, π_cur/π_behaviour)
         rt.set_progress("logprobs")
         logp_cur = rt.logprobs(batch)
+        w_off = off_policy_weights(batch, logp_cur, rollouts, cfg.sat_seq.max_log_ratio)
         clock = lap(timings, "time/logprobs", clock)
 
         # 5. the order σ of this stage's block-coordinate updates
@@ -128,8 +138,9 @@ class SatSeqRecipe:
             i = agents.index(name)
             rt.set_progress("update", agent=name)
             updated_tokens = batch.owned_by(updated)
-            log_ratio_prev = masked_sum(logp_hat - logp_cur, updated_tokens, dim=-1)
-            c = truncated_is_weights(logp_hat, logp_cur, updated_tokens, cfg.sat_seq.max_log_ratio)
+            c = w_off * truncated_is_weights(
+                logp_hat, logp_cur, updated_tokens, cfg.sat_seq.max_log_ratio
+            )
             rows = train_rows[i]
             if cfg.sat_seq.advantage == "gae" and rows:
                 A, returns, value_metrics = self._gae_advantages(i, batch, rows, c)
@@ -147,27 +158,29 @@ class SatSeqRecipe:
                 own[:, :T_i] > 0, stats.logp_hat, logp_hat[rows, :T_i]
             )
             updated.append(i)
-            rt.push_weights(i)
-            u = masked_sum(logp_hat[rows] - logp_cur[rows], own, dim=-1)
-            per_agent[name] = (
-                update_metrics(stats)
-                | value_metrics
-                | agent_certificate(
-                    cfg, u, A[rows], c[rows], log_ratio_prev[rows], stats.kl_quantile, len(agents)
-                )
-            )
+            rt.weight_sync.push(i)
+            per_agent[name] = update_metrics(stats) | value_metrics
         clock = lap(timings, "time/update", clock)
 
-        # 7. certificate on the held-out prompts, metrics
+        # 7. certificate on the held-out prompts (the team's bound against the policy that
+        # generated them; each agent's gain estimate, which orders the next stage's
+        # greedy_gain, and its theorem terms), the version boundary, metrics
         rt.set_progress("certificate")
-        bandit = self._bandit_certificate(batch, logp_cur)
-        self.last_gains = {name: per_agent[name]["cert/lower_bound"] for name in agents}
-        lap(timings, "time/certificate", clock)
+        logp_from = logp_cur if rollouts.staleness == 0 else batch.behaviour_logprobs
+        order = [agents.index(name) for name in sigma]
+        bandit = self._certify(batch, logp_from, order, per_agent, rollouts)
+        if bandit is not None:
+            self.last_gains = {name: per_agent[name][GAIN_KEY] for name in agents}
+        clock = lap(timings, "time/certificate", clock)
+        self.queue.boundary()
+        lap(timings, "time/boundary", clock)
         metrics = {
             **stage_metrics(rt, batch, per_agent),
-            "reward/team_vote": rt.team_vote_accuracy(batch.trajectories, G),
+            "reward/team_vote": team_vote_accuracy(rt.scorer, batch.trajectories, G),
             "groups/degenerate_fraction": uniform.degenerate_groups / max(len(train) // G, 1),
             "certificate/bandit_lower_bound": bandit["lower_bound"] if bandit else float("nan"),
+            **rollouts.metrics,
+            **overlap_metrics(self.queue, rollouts, w_off, timings),
             **timings,
         }
         self.baseline_reward = float(R.mean())
@@ -176,15 +189,45 @@ class SatSeqRecipe:
 
     # --- the steps -------------------------------------------------------------------------------
 
-    def _rollouts(self, problems: list[MathProblem], k: int):
-        """G scored trajectories per prompt (prompt-major) in the configured topology."""
-        rt, cfg = self.runtime, self.config
+    def _plan(self, k: int) -> RolloutPlan:
+        """Stage k's B prompts."""
+        cfg = self.config
+        problems = [self.problems[i] for i in self.cursor.next(cfg.trainer.batch_size)]
+        return RolloutPlan(k, problems, stage_sampling_spec(cfg, k))
+
+    def _generate(self, plan: RolloutPlan) -> tuple[list[Trajectory], dict[str, float]]:
+        """G scored trajectories per prompt (prompt-major): the training prompts', then the
+        held-out ones'. With dynamic sampling, training prompts whose G rewards are all equal
+        are dropped and more drawn (the held-out prompts, which certify, are kept as drawn)."""
+        cfg = self.config
+        dynamic = cfg.rollout.dynamic_sampling
+        if not dynamic.enabled:
+            return self._rollouts(plan, plan.problems, 0, plan.spec), {}
+        n_train = len(plan.problems) - holdout_size(cfg, len(plan.problems))
+        train, held_out = plan.problems[:n_train], plan.problems[n_train:]
+        sampled = dynamically_sampled(
+            train,
+            lambda problems, first, r: self._rollouts(
+                plan, problems, first, replace(plan.spec, seed=round_seed(plan.spec.seed, r))
+            ),
+            lambda n: [self.problems[i] for i in self.cursor.next(n)],
+            cfg.sat_seq.group_size,
+            dynamic.max_rounds,
+        )
+        spec = replace(plan.spec, seed=round_seed(plan.spec.seed, dynamic.max_rounds))
+        held = self._rollouts(plan, held_out, n_train, spec)  # a round no training one reaches
+        return sampled.trajectories + held, sampled.metrics
+
+    def _rollouts(self, plan: RolloutPlan, problems, first: int, spec) -> list[Trajectory]:
+        """G scored trajectories per problem in the team topology: agents round-robin over the
+        G samples (`mixture`, rotating from prompt plan.stage·B + first), or taking turns on one
+        sequence (`chain`)."""
+        cfg, rt = self.config, self.runtime
         G = cfg.sat_seq.group_size
-        spec = stage_sampling_spec(cfg, k)
         if cfg.team.topology == "chain":
             return rt.sample_chains(problems, self.handoffs, G, spec)
-        # each trajectory is one agent's answer; agents round-robin over the G samples
-        owners = mixture_assignment(len(problems), G, len(rt.agents), k * cfg.trainer.batch_size)
+        offset = plan.stage * cfg.trainer.batch_size + first
+        owners = mixture_assignment(len(problems), G, len(rt.agents), offset)
         return rt.sample(problems, owners, spec)
 
     def _gae_advantages(
@@ -216,17 +259,38 @@ class SatSeqRecipe:
         ).advantages.flatten()
         return A, returns, {"value/mean": float(masked_mean(V, own))}
 
-    def _bandit_certificate(
-        self, batch: StageBatch, logp_cur: torch.Tensor
+    def _certify(
+        self,
+        batch: StageBatch,
+        logp_from: torch.Tensor,
+        order: list[int],
+        per_agent: dict[str, dict[str, float]],
+        rollouts: StageRollouts,
     ) -> dict[str, float] | None:
-        """The stage's bandit bound on the held-out trajectories, under the final weights."""
+        """The stage's bandit bound on the held-out trajectories, from the policy that sampled
+        them (logp_from [N, T]: the stage-start team's, or the older one `rollouts.version`
+        names) to the final weights, and each agent's held-out certificate into per_agent;
+        None without a hold-out."""
         holdout = range(batch.n_train, len(batch.trajectories))
         if len(holdout) < 2:
             return None
-        logp_new = self.runtime.logprobs(batch, holdout)
-        return bandit_certificate(self.config, batch, logp_cur, logp_new, self.baseline_reward)
+        held_out = HeldOut(batch, logp_from, self.runtime.logprobs(batch, holdout))
+        G, b = self.config.sat_seq.group_size, self.baseline_reward
+        for k, i in enumerate(order):
+            name = self.runtime.agents[i]
+            per_agent[name] |= agent_certificate(self.config, held_out, i, order[:k], G, b)
+        bound = team_certificate(self.config, held_out, len(order), b)
+        if rollouts.staleness > 0:  # the pair: π_new against the older team that sampled them
+            bound["from_version"] = rollouts.version
+        return bound
 
-    # --- resume -------------------------------------------------------------------------------
+    # --- swaps and resume -----------------------------------------------------------------------
+
+    def upcoming_prompts(self, k: int) -> list[MathProblem]:
+        queued = self.queue.queued.get(k)
+        if queued is not None:
+            return queued.plan.problems
+        return next_prompts(self.cursor, self.problems, self.config.trainer.batch_size)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -234,6 +298,7 @@ class SatSeqRecipe:
             "scheduler": self.scheduler.state_dict(),
             "last_gains": self.last_gains,
             "baseline_reward": self.baseline_reward,
+            "queue": self.queue.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -241,3 +306,7 @@ class SatSeqRecipe:
         self.scheduler.load_state_dict(state["scheduler"])
         self.last_gains = state["last_gains"]
         self.baseline_reward = state["baseline_reward"]
+        self.queue.load_state_dict(state["queue"])
+
+    def close(self) -> None:
+        self.queue.close()

@@ -9,28 +9,31 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from satseq.actors.learner.specs import LossSpec
 from satseq.actors.trajectory import Trajectory
 from satseq.algo import BetaTracker, PrioritisedSampler, spo_advantages
 from satseq.algo.spo import binarise_score
-from satseq.cluster.builders import PLAIN_STEPS, loss_spec
-from satseq.cluster.recipes.base import (
-    LearnerSettings,
-    Runtime,
-    StageResult,
-    lap,
-    near_zero_fraction,
-    stage_metrics,
-    stage_sampling_spec,
-    update_metrics,
+from satseq.cluster.learner_specs import PLAIN_STEPS, LearnerSettings
+from satseq.cluster.recipes.base import StageResult, lap, stage_sampling_spec
+from satseq.cluster.recipes.stage_metrics import near_zero_fraction, stage_metrics, update_metrics
+from satseq.cluster.recipes.stage_rollouts import (
+    MAX_LOG_RATIO,
+    RolloutPlan,
+    off_policy_weights,
+    overlap_metrics,
+    rollout_queue,
 )
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
 from satseq.data import MathProblem
+
+if TYPE_CHECKING:
+    from satseq.cluster.runtime import TeamRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +42,8 @@ Key = tuple[str, str]
 
 
 class SpoRecipe:
-    def __init__(self, config: RunConfig, runtime: Runtime, problems: list[MathProblem]):
-        self.config, self.runtime = config, runtime
+    def __init__(self, config: RunConfig, runtime: TeamRuntime, problems: list[MathProblem]):
+        self.config, self.runtime, self.problems = config, runtime, problems
         spo, trainer = config.spo, config.trainer
         offline = _offline_values(spo.offline_values)
         self.tracker = BetaTracker(spo.rho, spo.rho_min, spo.rho_max, spo.d_half)
@@ -71,11 +74,20 @@ class SpoRecipe:
             exclude_without_prior=not spo.sample_unscored_prompts,
             seed=trainer.seed,
         )
+        self.queue = rollout_queue(config, runtime, self._plan, self._generate)
 
     @staticmethod
     def learner_settings(config: RunConfig) -> LearnerSettings:
         """Token-level PPO-clip with clip-higher and dual-clip (`spo`), plain steps."""
-        return LearnerSettings(loss_spec(config.spo), PLAIN_STEPS)
+        s = config.spo
+        loss = LossSpec(
+            ratio="token",
+            eps_low=s.eps_low,
+            eps_high=s.eps_high,
+            dual_clip=s.dual_clip,
+            aggregation="token_mean",
+        )
+        return LearnerSettings(loss, PLAIN_STEPS)
 
     def run_stage(self, k: int) -> StageResult:
         rt, B = self.runtime, self.config.trainer.batch_size
@@ -83,33 +95,28 @@ class SpoRecipe:
         timings: dict[str, float] = {}
         clock = time.perf_counter()
 
-        # 1. each agent draws B distinct prompts by priority w = sqrt(p̂(1 − p̂)) + 0.05
-        drawn = [
-            key
-            for a in range(n_agents)
-            for key in self.sampler.sample(self.tracker, B, self.keys[a])
-        ]
+        # 1–2. each agent's B distinct prompts, drawn by priority w = sqrt(p̂(1 − p̂)) + 0.05,
+        # one response each and its 0/1 reward: generated now, or during an earlier stage's
+        # updates (rollout.max_staleness: the draw saw the trackers as they were then)
+        rt.set_progress("rollout")
+        rollouts = self.queue.take(k, self.config.trainer.stages - 1)
+        drawn, trajectories = rollouts.plan.extra, rollouts.trajectories
         agent_rows = [range(a * B, (a + 1) * B) for a in range(n_agents)]
         p_hat = torch.tensor([self.tracker.p_hat(key) for key in drawn])  # before this step
-        clock = lap(timings, "time/sample", clock)
-
-        # 2. one response per prompt and its 0/1 reward
-        rt.set_progress("rollout")
-        prompts = [self.problem_of[key] for key in drawn]
-        owners = [[a] for a in range(n_agents) for _ in range(B)]
-        trajectories = rt.sample(prompts, owners, stage_sampling_spec(self.config, k))
         batch = StageBatch.build(trajectories, n_agents)
         r = torch.tensor([float(binarise_score(t.reward)) for t in trajectories])
         clock = lap(timings, "time/rollout", clock)
 
-        # 3. A = r − p̂, normalised over each agent's batch
+        # 3. A = r − p̂, normalised over each agent's batch; on-policy, the behaviour log-probs
+        # are each learner's own first forward pass (logp_cur None), and rollouts an older team
+        # generated weigh min(1, π_cur/π_behaviour) under the stage-start log-probs
         A = torch.cat([spo_advantages(r[rows], p_hat[rows]) for rows in agent_rows])
-        c = torch.ones_like(A)
+        logp_cur = rt.logprobs(batch) if rollouts.staleness > 0 else None
+        c = off_policy_weights(batch, logp_cur, rollouts, MAX_LOG_RATIO)
 
-        # 4. every agent's PPO-clip step, in parallel; then the engines get the new weights.
-        # On-policy, the behaviour log-probs are each learner's own first forward pass.
+        # 4. every agent's PPO-clip step, in parallel; then the engines get the new weights
         rt.set_progress("update")
-        results = rt.update_all(batch, [list(rows) for rows in agent_rows], None, A, c)
+        results = rt.update_all(batch, [list(rows) for rows in agent_rows], logp_cur, A, c)
         clock = lap(timings, "time/update", clock)
 
         # 5. the trackers, after the step: ρ from how far the policy moved, then r folds in
@@ -127,7 +134,9 @@ class SpoRecipe:
                     mask=torch.tensor(t.response_mask, dtype=torch.float32),
                     token_ids=torch.tensor(t.response_ids),
                 )
-        lap(timings, "time/tracker", clock)
+        clock = lap(timings, "time/tracker", clock)
+        self.queue.boundary()
+        lap(timings, "time/boundary", clock)
 
         per_agent = {
             name: update_metrics(stats) for name, stats in zip(rt.agents, results, strict=True)
@@ -139,9 +148,26 @@ class SpoRecipe:
             "spo/p_hat_std": float(p_hat.std(unbiased=False)),
             "spo/rho_mean": float(np.mean(rho)),
             "spo/prompts_without_prior": self.prompts_without_prior,
+            **overlap_metrics(self.queue, rollouts, c, timings),
             **timings,
         }
         return StageResult(metrics)
+
+    def _plan(self, k: int) -> RolloutPlan:
+        """Stage k's draw: each agent's B distinct prompts, by priority, one response each."""
+        B, n_agents = self.config.trainer.batch_size, len(self.runtime.agents)
+        drawn = [
+            key
+            for a in range(n_agents)
+            for key in self.sampler.sample(self.tracker, B, self.keys[a])
+        ]
+        problems = [self.problem_of[key] for key in drawn]
+        return RolloutPlan(k, problems, stage_sampling_spec(self.config, k), extra=drawn)
+
+    def _generate(self, plan: RolloutPlan) -> tuple[list[Trajectory], dict[str, float]]:
+        B, n_agents = self.config.trainer.batch_size, len(self.runtime.agents)
+        owners = [[a] for a in range(n_agents) for _ in range(B)]
+        return self.runtime.sample(plan.problems, owners, plan.spec), {}
 
     def _forgetting_factors(self, drawn: list[Key]) -> list[float]:
         """ρ per drawn key. For `rho: kl`, a key's stored response is re-scored by the policy
@@ -174,12 +200,30 @@ class SpoRecipe:
             "stop",
         )
 
+    def upcoming_prompts(self, k: int) -> list[MathProblem]:
+        """The queued draw of stage k; else (SPO draws its prompts by priority, after the swap)
+        B prompts drawn with a seed of the stage stand for them."""
+        queued = self.queue.queued.get(k)
+        if queued is not None:
+            return queued.plan.problems
+        B = min(self.config.trainer.batch_size, len(self.problems))
+        rng = np.random.default_rng([self.config.trainer.seed, k])
+        return [self.problems[i] for i in rng.choice(len(self.problems), size=B, replace=False)]
+
     def state_dict(self) -> dict[str, Any]:
-        return {"tracker": self.tracker.state_dict(), "sampler": self.sampler.state_dict()}
+        return {
+            "tracker": self.tracker.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "queue": self.queue.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tracker.load_state_dict(state["tracker"])
         self.sampler.load_state_dict(state["sampler"])
+        self.queue.load_state_dict(state["queue"])
+
+    def close(self) -> None:
+        self.queue.close()
 
 
 def _offline_values(path: str | None) -> dict[str, list[float]]:

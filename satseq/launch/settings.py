@@ -1,5 +1,6 @@
 """Config sections → the objects they build, for every command (STYLE: a YAML key names what it
-sets). The trainer's own builders (learner settings, training data) are in `cluster/builders.py`.
+sets). The trainer's own (each agent's learner spec, training data) are in
+`cluster/learner_specs.py` and `cluster/training_data.py`.
 """
 
 from __future__ import annotations
@@ -65,11 +66,18 @@ def eval_sampling_spec(config: RunConfig) -> SamplingSpec:
 
 
 def engine_options(config: RunConfig) -> dict:
-    """The rollout engines' options: torch threads per CPU core of the actor, and for vLLM on
+    """The rollout engines' options: torch threads per CPU core of the actor, the output
+    layer's precision (`trainer.fp32_head`, as the learner computes it), and for vLLM on
     a GPU the share of its memory to take (`rollout.gpu_memory_utilization`) and, when the
     engines sleep while the learners train (`trainer.offload: idle_agents`), its sleep mode."""
     rollout = config.rollout
-    options: dict = {"num_threads": max(1, int(rollout.resources.num_cpus))}
+    options: dict = {
+        "num_threads": max(1, int(rollout.resources.num_cpus)),
+        "fp32_head": config.trainer.fp32_head,  # the learner's precision, on both sides
+    }
+    if rollout.engine == "vllm" and rollout.max_staleness > 0:
+        # overlapped stages read each sampled token's log-prob under the sampling distribution
+        options["logprobs_mode"] = "processed_logprobs"
     if rollout.engine == "vllm" and rollout.resources.num_gpus > 0:
         options["gpu_memory_utilization"] = rollout.gpu_memory_utilization
         if config.trainer.offload == "idle_agents":

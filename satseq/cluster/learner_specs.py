@@ -1,18 +1,19 @@
-"""The trainer's config sections → the objects they build: training data and learner settings.
+"""The config → each agent's `LearnerSpec`.
 
-Each learner setting comes from one section: the policy loss from the algorithm's own section
-(`sat_seq`, `spo` or `grpo`), the trust region from `algorithm.kl_ctrl`, the optimiser and the
-rest from `trainer`. What the other commands build too is in `satseq.launch.builders`.
+Each learner setting comes from one section: the policy loss from the recipe
+(`Recipe.learner_settings`, from the algorithm's own section), the trust region from
+`algorithm.kl_ctrl`, the optimiser and the rest from `trainer`. What every command builds
+(sampling, engines, rewards, sandboxes) is in `satseq.launch.settings`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from satseq.actors.learner import LearnerSpec, LossSpec, OptimizerSpec, TrustRegionSpec
+from satseq.actors.learner.specs import LearnerSpec, LossSpec, OptimizerSpec, TrustRegionSpec
 from satseq.config import RunConfig
-from satseq.config.schema import GrpoConfig, KLControlConfig, SatSeqConfig, SpoConfig, TrainerConfig
-from satseq.data import MathProblem, load_problems, make_split
+from satseq.config.schema import KLControlConfig, TrainerConfig
+from satseq.seeds import agent_seed
 
 
 @dataclass(frozen=True)
@@ -30,42 +31,6 @@ PLAIN_STEPS = TrustRegionSpec(enabled=False, kl_estimator="k3")
 turns the measuring off unless `grpo.measure_step_kl`)."""
 
 
-def training_problems(config: RunConfig) -> list[MathProblem]:
-    data = config.data
-    if data.train == "synthetic":
-        s = data.synthetic
-        return make_split(s.split, s.n_train, seed=s.seed, difficulty=s.difficulty, style=s.style)
-    loaded = load_problems(
-        data.train, split=data.split, field_map=data.field_map, skip_bad_rows=data.skip_bad_rows
-    )
-    return loaded.problems
-
-
-def loss_spec(section: SatSeqConfig | SpoConfig | GrpoConfig) -> LossSpec:
-    """The policy loss of DESIGN §4 that the algorithm's section describes."""
-    if isinstance(section, SpoConfig):  # token-level PPO-clip, clip-higher, dual-clip
-        return LossSpec(
-            ratio="token",
-            eps_low=section.eps_low,
-            eps_high=section.eps_high,
-            dual_clip=section.dual_clip,
-            aggregation="token_mean",
-        )
-    if isinstance(section, GrpoConfig):
-        return LossSpec(
-            ratio="token",
-            eps_low=section.eps_low,
-            eps_high=section.eps_high,
-            aggregation="token_mean",
-        )
-    return LossSpec(
-        ratio=section.ratio,
-        eps_low=section.epsilon,
-        eps_high=section.epsilon,
-        aggregation="seq_mean",
-    )
-
-
 def trust_region_spec(kl_ctrl: KLControlConfig) -> TrustRegionSpec:
     """SAT-Seq's quantile-KL trust region with backtracking (`algorithm.kl_ctrl`)."""
     return TrustRegionSpec(
@@ -74,6 +39,7 @@ def trust_region_spec(kl_ctrl: KLControlConfig) -> TrustRegionSpec:
         kl_coef=kl_ctrl.kl_coef,
         target_kl=kl_ctrl.target_kl,
         alpha=1.0 - kl_ctrl.quantile,
+        dkw_eta=kl_ctrl.dkw_eta,
         beta_growth=kl_ctrl.beta_growth,
         step_shrink=kl_ctrl.step_shrink,
         max_backtracks=kl_ctrl.max_backtracks,
@@ -117,12 +83,14 @@ def learner_spec(
         micro_batch_size=trainer.micro_batch_size,
         max_tokens_per_micro_batch=trainer.max_tokens_per_micro_batch,
         logit_chunk_tokens=trainer.logit_chunk_tokens,
-        update_steps=trainer.update_steps,
+        ppo_epochs=trainer.ppo_epochs,
+        mini_batch_size=trainer.mini_batch_size,
+        fp32_head=trainer.fp32_head,
         gradient_checkpointing=trainer.gradient_checkpointing,
         temperature=config.rollout.temperature,  # behaviour log-probs at the sampling temperature
         value_lr=settings.value_lr,
         value_steps=config.sat_seq.value_steps,
-        seed=trainer.seed + agent_index,
+        seed=agent_seed(trainer.seed, agent_index),
         num_threads=num_threads,
         offload=agent.offload or trainer.offload,
         workers=agent_workers(config, agent_index),

@@ -23,7 +23,8 @@ from typing import Any
 import ray
 
 from satseq.actors.incarnation import check_not_restarted, incarnations
-from satseq.actors.learner import LearnerRankActor, LearnerSpec
+from satseq.actors.learner.actor import LearnerRankActor
+from satseq.actors.learner.specs import LearnerSpec
 
 
 @ray.remote(num_cpus=0)
@@ -47,7 +48,7 @@ class LearnerGroup:
 
     def form(self) -> Any:
         """(Re-)form the ranks' process group; rank 0's answer to `join_group`."""
-        address = ray.get(self.ranks[0].rendezvous_address.remote())
+        address = ray.get(self.ranks[0].free_address.remote())
         joined = [rank.join_group.remote(address) for rank in self.ranks]
         self.formed = [rank.incarnation.remote() for rank in self.ranks]  # each after its join
         return _rank_zero.remote(*joined)

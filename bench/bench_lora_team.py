@@ -1,0 +1,170 @@
+"""A LoRA team against a full team (DESIGN §12; README "LoRA teams"): `satseq train` of each
+config as a user runs it, with the peak memory of the run's process tree (the driver, Ray's
+processes, every actor: the sum of their proportional set sizes, so shared memory counts once)
+sampled every 2 s, each phase's mean seconds per stage (metrics.jsonl), and the held-out team
+vote (`satseq eval --dataset synthetic:test`, greedy) before training and after the last stage.
+The first config is the baseline every ratio is against, measured in the same run.
+
+    python bench/bench_lora_team.py                                # full smollm2, then LoRA
+    python bench/bench_lora_team.py --configs configs/smollm2_lora.yaml --seeds 0 1
+    python bench/bench_lora_team.py --configs configs/smollm2_lora.yaml --set trainer.stages=1
+
+"Before" is the base model's vote: a fresh adapter computes the base exactly (B = 0), so every
+LoRA agent answers as the base does before its first update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+SATSEQ = str(Path(sys.executable).parent / "satseq")
+GB = 1e9
+PHASES = ("rollout", "logprobs", "update", "certificate", "weight_sync")
+
+
+class MemoryPeak:
+    """The largest sum, over a process and its descendants, of their memory (PSS where the
+    system reports it, else RSS), sampled every `period_s` while the process runs; and at that
+    peak, each kind of process's share (by its Ray name or command)."""
+
+    def __init__(self, pid: int, period_s: float = 2.0):
+        self.root = psutil.Process(pid)
+        self.period_s = period_s
+        self.peak = 0
+        self.breakdown: dict[str, float] = {}
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while self.root.is_running() and self.root.status() != psutil.STATUS_ZOMBIE:
+            parts: dict[str, float] = {}
+            for process in [self.root, *self.root.children(recursive=True)]:
+                try:
+                    info = process.memory_full_info()
+                    kind = " ".join(process.cmdline()[:1]).rsplit("/", 1)[-1].split(":")[0]
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                parts[kind] = parts.get(kind, 0.0) + getattr(info, "pss", info.rss) / GB
+            if sum(parts.values()) * GB > self.peak:
+                self.peak, self.breakdown = int(sum(parts.values()) * GB), parts
+            time.sleep(self.period_s)
+
+    def stop(self) -> None:
+        self._thread.join(timeout=30)
+
+
+def run(command: list[str], log: Path) -> tuple[MemoryPeak, float]:
+    """Run `command` (output to `log`); its memory peak and seconds. A failure raises."""
+    started = time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        memory = MemoryPeak(process.pid)
+        code = process.wait()
+    memory.stop()
+    if code != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({code}); see {log}")
+    return memory, time.perf_counter() - started
+
+
+def team_vote(checkpoint_dir: Path, out: Path, log: Path, stage: int | None = None) -> float:
+    """The held-out team vote (maj@1, greedy) of the team in `checkpoint_dir`."""
+    command = [SATSEQ, "eval", "--dataset", "synthetic:test", "--checkpoint-dir"]
+    command += [str(checkpoint_dir), "--output-dir", str(out)]
+    run(command + (["--stage", str(stage)] if stage is not None else []), log)
+    return json.loads((out / "summary.json").read_text())["team_vote_accuracy"]
+
+
+def base_team(config: Path, overrides: list[str], out_dir: Path) -> Path:
+    """A checkpoint dir of the team as it starts: each agent's initial model (a LoRA agent's
+    fresh adapter) and the run's config, for `satseq eval`."""
+    from satseq.config import TRAIN_CONFIG, dump_config, load_config
+    from satseq.launch.agent_models import agent_model_dirs
+
+    resolved = load_config(config, overrides)
+    team = out_dir / "base_team"
+    shutil.rmtree(team, ignore_errors=True)
+    team.mkdir(parents=True)
+    for agent, directory in zip(resolved.team.agents, agent_model_dirs(resolved), strict=True):
+        (team / agent.name).symlink_to(directory)
+    (team / TRAIN_CONFIG).write_text(dump_config(resolved))
+    return team
+
+
+def phase_seconds(metrics: Path) -> dict[str, float]:
+    """Each phase's mean seconds per stage."""
+    stages = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return {
+        phase: statistics.mean(stage.get(f"time/{phase}", 0.0) for stage in stages)
+        for phase in PHASES
+    }
+
+
+def measure(config: Path, seed: int, overrides: list[str], root: Path, vote: bool) -> dict:
+    name = f"{config.stem}-seed{seed}"
+    out = root / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    settings = [*overrides, f"trainer.seed={seed}"]
+    sets = [part for setting in settings for part in ("--set", setting)]
+    memory, seconds = run(
+        [SATSEQ, "train", str(config), *sets, "--output-dir", str(out)], out / "train.log"
+    )
+    result = {"run": name, "peak_gb": memory.peak / GB, "train_s": seconds}
+    result["peak_by_process_gb"] = {k: round(v, 2) for k, v in sorted(memory.breakdown.items())}
+    result |= phase_seconds(out / "metrics.jsonl")
+    if vote:
+        before = base_team(config, settings, out)
+        result["vote_before"] = team_vote(before, out / "eval_base", out / "eval_base.log")
+        result["vote_after"] = team_vote(out, out / "eval_last", out / "eval_last.log")
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def ratio(value: float, baseline: float) -> str:
+    return f" ({value / baseline:.2f}x)" if baseline else ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--configs", nargs="+", default=["configs/smollm2.yaml", "configs/smollm2_lora.yaml"]
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--no-vote", action="store_true", help="skip the held-out evaluations")
+    parser.add_argument("--out", default="/tmp/bench_lora_team")
+    args = parser.parse_args()
+    root = Path(args.out)
+    results = [
+        measure(Path(config), seed, args.overrides, root, not args.no_vote)
+        for config in args.configs
+        for seed in args.seeds
+    ]
+    baseline = results[0]
+    print(f"\nbaseline: {baseline['run']}")
+    columns = ["peak_gb", "train_s", *PHASES]
+    print("| run | " + " | ".join(columns) + " | vote before → after |")
+    print("|---|" + "---|" * (len(columns) + 1))
+    for result in results:
+        cells = [f"{result[c]:.2f}" + ratio(result[c], baseline[c]) for c in columns]
+        vote = (
+            f"{result['vote_before']:.2f} → {result['vote_after']:.2f} "
+            f"({result['vote_after'] - result['vote_before']:+.2f})"
+            if "vote_after" in result
+            else "-"
+        )
+        print(f"| {result['run']} | " + " | ".join(cells) + f" | {vote} |")
+
+
+if __name__ == "__main__":
+    main()

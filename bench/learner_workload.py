@@ -1,0 +1,177 @@
+"""The learner benchmarks' workload (`bench_learner.py`, `gpu_sheet.py`): random-init Qwen2-shaped
+models built from a config (nothing is downloaded), random trajectories, the learner in each
+update mode, and the bare training loop it is measured against.
+
+Only torch, transformers and satseq's learner are imported (no Ray, no vLLM), so this runs on a
+bare GPU machine with the repository on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+SIZES = {  # Qwen2 shapes; vocabularies as large as real models', where the memory goes
+    "tiny": dict(  # the CPU path of the test suite: seconds
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=2048,
+        tie_word_embeddings=True,
+    ),
+    "small": dict(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+    ),
+    "0.5b": dict(  # Qwen2-0.5B
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "1.5b": dict(  # Qwen2-1.5B
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "4b": dict(  # Qwen1.5-4B (Qwen2 architecture in transformers)
+        hidden_size=2560,
+        intermediate_size=6912,
+        num_hidden_layers=40,
+        num_attention_heads=20,
+        num_key_value_heads=20,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+    ),
+}
+MODES = ("exact", "k3", "plain", "lora")
+"""The learner's update modes: SAT-Seq's trust region with the exact vocabulary KL or k3, plain
+PPO-clip steps as GRPO takes them (no measuring pass after the step), and the exact mode on a
+LoRA agent ([3.3], where it has landed)."""
+
+
+def build_model(size: str, directory: Path, device: str = "cpu", dtype=torch.float32) -> str:
+    """A random-init Qwen2 of `size`, initialised on `device` and saved in `dtype`, with a small
+    byte-level tokenizer (the token ids are random anyway); returns its directory."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from satseq.models.tokenizer import train_tokenizer
+
+    out = directory / size
+    torch.manual_seed(0)
+    config = Qwen2Config(**SIZES[size], max_position_embeddings=4096)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).to(dtype)
+    model.save_pretrained(out)
+    del model
+    train_tokenizer(["a random-init model's tokenizer"], vocab_size=300).save_pretrained(out)
+    return str(out)
+
+
+def random_trajectories(
+    sequences: int,
+    prompt_len: int,
+    response_len: int,
+    vocab: int,
+    group_size: int = 1,
+    prompts: list[list[int]] | None = None,
+):
+    """`sequences` trajectories of random tokens, agent 0's; each run of `group_size` rows shares
+    its prompt, as a GRPO group's samples do: `prompts[k]` (token ids) where given, else
+    `prompt_len` random tokens."""
+    from satseq.actors.trajectory import Trajectory
+
+    g = torch.Generator().manual_seed(0)
+    groups = -(-sequences // group_size)
+    if prompts is None:
+        prompts = [
+            torch.randint(5, vocab, (prompt_len,), generator=g).tolist() for _ in range(groups)
+        ]
+    R = response_len
+    return [
+        Trajectory(
+            i // group_size,
+            prompts[i // group_size],
+            torch.randint(5, vocab, (R,), generator=g).tolist(),
+            [1] * R,
+            [0] * R,
+            "length",
+        )
+        for i in range(sequences)
+    ]
+
+
+def lora_missing() -> str | None:
+    """Why a LoRA agent ([3.3]) cannot be measured here, or None when it can: the learner takes
+    an adapter directory (`satseq.models.adapters`) and peft is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("satseq.models.adapters") is None:
+        return "LoRA agents ([3.3]) have not landed (no satseq.models.adapters)"
+    if importlib.util.find_spec("peft") is None:
+        return "peft is not installed"
+    return None
+
+
+def learner_spec(mode: str, path: str, lora_rank: int = 16, **settings):
+    """The `LearnerSpec` of `mode` (see MODES) on the model at `path`; `settings` are
+    LearnerSpec's other fields. `lora` trains a fresh rank-`lora_rank` adapter (alpha 2·rank,
+    every linear layer but the output layer) made beside `path`. The trust region's target is
+    one no step reaches: each update is one accepted step, timed alike in every mode."""
+    from satseq.actors.learner import LearnerSpec, LossSpec, TrustRegionSpec
+
+    loss = LossSpec(ratio="token", aggregation="token_mean") if mode == "plain" else LossSpec()
+    trust_region = TrustRegionSpec(
+        enabled=mode != "plain",
+        measure=mode != "plain",  # GRPO's plain steps: no pass after the step
+        target_kl=1e9,
+        kl_estimator="k3" if mode in ("k3", "plain") else "exact",
+    )
+    if mode == "lora":
+        from satseq.models.adapters import LoraSpec, initial_adapter
+
+        adapters = Path(path).parent / "adapters"
+        path = str(initial_adapter(path, LoraSpec(lora_rank, 2.0 * lora_rank), 0, adapters))
+    return LearnerSpec(
+        model_path=path, agent_index=0, loss=loss, trust_region=trust_region, **settings
+    )
+
+
+def bare_step(policy, trajectories) -> None:
+    """The baseline: forward over full logits [n, L, V], cross-entropy on every next token,
+    backward, gradient clipping and AdamW, over the learner's own model, optimiser and
+    micro-batches (`policy`: an `AgentPolicy`)."""
+    policy.optimizer.zero_grad(set_to_none=True)
+    for _, batch in policy.micro_batches(trajectories):
+        batch = batch.to(policy.device)
+        with policy.autocast():
+            logits = policy.model(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask
+            ).logits
+        targets = batch.input_ids[:, 1:].masked_fill(batch.attention_mask[:, 1:] == 0, -100)
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100
+        )
+        (loss * len(batch.input_ids) / len(trajectories)).backward()
+    torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+    policy.optimizer.step()
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()

@@ -1,0 +1,159 @@
+"""An agent's model and optimiser on the learner's device, and the forward passes over a batch.
+
+Precision: the master weights and the optimiser state are float32; forward and backward run
+under autocast in `LearnerSpec.dtype` (bfloat16 on GPUs), so an update of 1e-6 relative size is
+kept rather than rounded away. Memory: logits exist one chunk of tokens at a time
+(`satseq.algo.lm_head`). With `offload="idle_agents"` the master weights and AdamW state live in
+host memory between updates (`satseq.actors.residency`). Sharded (W > 1), the model is sharded
+with FSDP2 and the ranks split each batch's micro-batches between them
+(`satseq.actors.sharding`).
+
+A LoRA agent (`model_path` a PEFT adapter directory, DESIGN §12) holds its base frozen in the
+compute dtype, with no gradients, optimiser state, snapshot or offload, and trains the float32
+adapter only: every one of those covers `trainable_parameters()`. `model` is then the base
+model with the adapter's layers in it (peft adapts the modules in place), so every forward
+pass reads it as it reads a full model; `adapter` is the peft model that saves it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+
+from satseq.actors.forward import PolicyTrunk
+from satseq.actors.learner.snapshot import TrainingSnapshot
+from satseq.actors.learner.specs import LearnerSpec
+from satseq.actors.residency import Residency
+from satseq.actors.sharding import ShardGroup, shard_policy
+from satseq.actors.trajectory import PaddedBatch, Trajectory, pad_batch
+from satseq.models import is_adapter_dir, load_policy
+from satseq.models.adapters import adapter_config, load_adapted_policy
+from satseq.models.loading import TORCH_DTYPES
+
+
+class AgentPolicy:
+    """The agent's model (`trunk`: what every forward pass calls), its AdamW, where they live
+    (`residency`), its rank's place in the agent's shard group, and the backtracking snapshot's
+    CPU buffers (reused by every step)."""
+
+    def __init__(self, spec: LearnerSpec):
+        self.spec = spec
+        torch.set_num_threads(spec.num_threads)
+        torch.manual_seed(spec.seed)
+        self.compute_dtype = TORCH_DTYPES[spec.dtype]
+        # π_cur's frozen states for the exact KL: float32 with a float32 head, so that π_cur's
+        # logits are computed as π_θ's are
+        self.reference_dtype = torch.float32 if spec.fp32_head else self.compute_dtype
+        self.save_dtype = TORCH_DTYPES[spec.save_dtype or spec.dtype]
+        self.group = ShardGroup(spec.rank, spec.workers)
+        self.adapter = None  # a LoRA agent's peft model
+        self.lora: dict | None = None  # and its adapter's config (rank, alpha, layers)
+        if is_adapter_dir(spec.model_path):
+            self.adapter, self.tokenizer = load_adapted_policy(
+                spec.model_path, spec.dtype, spec.device, trainable=True
+            )
+            self.model = self.adapter.base_model.model
+            self.lora = adapter_config(spec.model_path)
+        else:
+            self.model, self.tokenizer = load_policy(
+                spec.model_path, dtype="float32", device=spec.device
+            )
+        self.device = next(self.model.parameters()).device
+        if spec.gradient_checkpointing:
+            self.model.config.use_cache = False
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        self.model.train()
+        self.trunk = PolicyTrunk(self.model, spec.fp32_head)
+        if self.group.sharded:
+            shard_policy(self.trunk, spec.workers, self.device, spec.offload == "idle_agents")
+        self.optimizer = torch.optim.AdamW(
+            self.trainable_parameters(),
+            lr=spec.optimizer.lr,
+            weight_decay=spec.optimizer.weight_decay,
+        )
+        self.snapshot = TrainingSnapshot()
+        self.pad_token_id = self.tokenizer.pad_token_id
+        self.residency = Residency(  # sharded, FSDP2 offloads instead
+            self.model,
+            self.optimizer,
+            self.compute_dtype,
+            spec.offload == "idle_agents" and not self.group.sharded,
+        )
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimiser steps: every weight of a full model, a LoRA agent's adapter."""
+        return [param for param in self.trunk.parameters() if param.requires_grad]
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Forward passes in the compute dtype over the float32 master weights."""
+        return torch.autocast(
+            self.device.type,
+            dtype=self.compute_dtype,
+            enabled=self.compute_dtype != torch.float32,
+        )
+
+    def micro_batches(
+        self, trajectories: list[Trajectory], rows: list[int] | None = None
+    ) -> Iterator[tuple[list[int], PaddedBatch]]:
+        """The trajectories `rows` (default: all, in order) in consecutive micro-batches of at
+        most `micro_batch_size` trajectories and, if set, `max_tokens_per_micro_batch` padded
+        tokens (a longer trajectory goes alone), on the CPU; each with its rows."""
+        spec = self.spec
+        budget = spec.max_tokens_per_micro_batch
+        rows = list(range(len(trajectories))) if rows is None else rows
+        start = 0
+        while start < len(rows):
+            end, longest = start, 0
+            while end < len(rows) and end - start < spec.micro_batch_size:
+                t = trajectories[rows[end]]
+                length = max(longest, len(t.prompt_ids) + len(t.response_ids))
+                if budget is not None and end > start and (end - start + 1) * length > budget:
+                    break
+                end, longest = end + 1, length
+            chosen = rows[start:end]
+            yield chosen, pad_batch([trajectories[row] for row in chosen], self.pad_token_id)
+            start = end
+
+    def device_batches(self, trajectories: list[Trajectory]) -> list[PaddedBatch]:
+        """Every micro-batch of `trajectories`, on the device."""
+        return [batch.to(self.device) for _, batch in self.micro_batches(trajectories)]
+
+    @torch.no_grad()
+    def per_token(
+        self, trajectories: list[Trajectory], compute: Callable[[PaddedBatch], torch.Tensor]
+    ) -> torch.Tensor:
+        """compute(micro-batch) [n, T_mb] gathered into [N, T] (T = longest response), on CPU;
+        sharded, each rank computes its share of the micro-batches."""
+        T = max(len(t.response_ids) for t in trajectories)
+        out = torch.zeros(len(trajectories), max(T, 1), device="cpu")
+        computed = []
+        for (rows, batch), real in self.group.mine(list(self.micro_batches(trajectories))):
+            with self.autocast():
+                values = compute(batch.to(self.device))
+            if real:
+                computed.append((rows, values.float().cpu()))
+        for rows, values in (part for parts in self.group.gather(computed) for part in parts):
+            out[rows, : values.shape[1]] = values
+        return out
+
+    def reshard(self) -> None:
+        """Sharded: drop the gathered copy of the root's weights (embeddings, norm, output
+        layer), which FSDP2 keeps after a forward without backward, so that the parameters are
+        the shards again (what snapshots, checkpoints and restores read and write); the next
+        forward gathers them afresh."""
+        if self.group.sharded:
+            self.trunk.reshard()
+
+    def save_snapshot(self) -> TrainingSnapshot:
+        """The weights and optimiser state now, into the snapshot's CPU buffers."""
+        self.reshard()
+        return self.snapshot.save(self.model, self.optimizer)
+
+    def restore(self, snapshot: TrainingSnapshot) -> None:
+        """Back to the weights and optimiser state of `snapshot` (a backtrack)."""
+        self.reshard()
+        snapshot.restore(self.model, self.optimizer)

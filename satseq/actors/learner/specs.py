@@ -1,0 +1,84 @@
+"""What a learner is built from: its loss, trust region, optimiser and the rest of its settings
+(`satseq.cluster.learner_specs` makes them from the config; each recipe picks its loss)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from satseq.algo.lm_head import DEFAULT_CHUNK_TOKENS
+from satseq.algo.losses import Aggregation, RatioMode
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """Which policy loss the learner minimises (SAT-Seq defaults; SPO/GRPO set their own)."""
+
+    ratio: RatioMode = "seq"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None
+    aggregation: Aggregation = "seq_mean"
+
+
+@dataclass(frozen=True)
+class TrustRegionSpec:
+    """The quantile-KL trust region and its β_i (DESIGN §4). enabled=False: plain PPO steps,
+    no KL penalty, no backtracking (SPO, GRPO); q is still measured and logged unless
+    measure=False, which saves the forward pass after each step (and leaves no logp_hat).
+    kl_estimator: the KL of the penalty and of q, exact over the vocabulary or k3 on the sampled
+    tokens."""
+
+    def __post_init__(self) -> None:
+        if self.enabled and not self.measure:
+            raise ValueError("the trust region decides on q: it cannot skip measuring it")
+
+    enabled: bool = True
+    measure: bool = True  # q and the new log-probs after each step (the trust region needs both)
+    kl_estimator: Literal["exact", "k3"] = "exact"
+    kl_coef: float = 0.01  # the initial β_i
+    target_kl: float = 0.05
+    alpha: float = 0.1  # the KL quantile is the (1 − α) quantile
+    dkw_eta: float | None = 0.05  # DKW slack at confidence 1 − η on the quantile; None: none
+    beta_growth: float = 1.5
+    step_shrink: float = 0.5
+    max_backtracks: int = 3
+    on_exhausted: Literal["reject", "keep"] = "reject"
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """AdamW over the float32 master weights, with gradient-norm clipping."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    model_path: str
+    agent_index: int
+    loss: LossSpec = field(default_factory=LossSpec)
+    trust_region: TrustRegionSpec = field(default_factory=TrustRegionSpec)
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    dtype: str = "float32"  # compute dtype; master weights and optimiser state stay float32
+    save_dtype: str | None = None  # HF checkpoints and engine weights; None: the compute dtype
+    device: str = "cpu"
+    micro_batch_size: int = 8
+    max_tokens_per_micro_batch: int | None = None  # padded prompt + response tokens
+    logit_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    ppo_epochs: int = 1  # passes over the agent's stage batch, each checked by the trust region
+    mini_batch_size: int | None = None  # trajectories per optimiser step; None: the whole batch
+    gradient_checkpointing: bool = False
+    fp32_head: bool = True  # the output layer's logits in float32 under autocast
+    temperature: float = 1.0
+    value_lr: float | None = None  # `gae` mode: a value head fitted at this lr; None: no head
+    value_steps: int = 8  # value-head steps per stage (sat_seq.value_steps)
+    seed: int = 0
+    num_threads: int = 1
+    # idle_agents: master weights and AdamW state in host memory except during an update
+    # (sharded: FSDP2's CPU offload of parameters, gradients and AdamW state)
+    offload: Literal["none", "idle_agents"] = "none"
+    workers: int = 1  # W: the agent's learner ranks (FSDP2 over W > 1)
+    rank: int = 0  # this learner's rank among them

@@ -1,0 +1,98 @@
+"""What the team is asked and how it is scored: `data:` (prompts, the synthetic task, data
+files) and `reward:`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from satseq.config.section import Section
+from satseq.data.synthetic import resolve_difficulty
+
+
+class PromptConfig(Section):
+    """How a problem becomes the chat the model is given."""
+
+    system_prompt: str | None = Field(None, description="a system message first; None: none")
+    instruction: str | None = Field(
+        None,
+        description="instruction after the problem; None: the SPO recipe's \\boxed{} wording",
+    )
+    tool_prompt: bool = Field(
+        False, description="tell the model it may run Python in <code> tags (`--tools` sets it)"
+    )
+
+
+class SyntheticDataConfig(Section):
+    """The built-in synthetic arithmetic task (`data.train: synthetic`)."""
+
+    split: Literal["train", "test"] = Field(
+        "train",
+        description="split to train on: 'train'; 'test' is held out for `satseq eval` and "
+        "validation, and the builtin models were warm-started on a third split, 'warmup' (the "
+        "level-1 models builtin:tiny and builtin:tiny-tool on 'train' and 'warmup' both, so runs "
+        "of those train on 'test')",
+    )
+    n_train: int = Field(
+        256, ge=1, description="problems of the split (level 1 has ~350 train); stages cycle them"
+    )
+    difficulty: int | str = Field(
+        1, description="a level 1-5 or a task name ('two_digit_sums', the quickstart's)"
+    )
+    style: Literal["symbols", "words", "mixed"] = Field(
+        "symbols",
+        description='symbols ("7 + 9"), words ("What is seven plus 12?"), or mixed (each problem '
+        "picks one)",
+    )
+    seed: int = Field(0, description="the problems' seed; it also picks the held-out ones scored")
+
+    @field_validator("difficulty")
+    @classmethod
+    def _known_difficulty(cls, difficulty: int | str) -> int | str:
+        resolve_difficulty(difficulty)  # a DataError (a ValueError) names the known ones
+        return difficulty
+
+
+class DataConfig(Section):
+    """The training problems, the validation sets and the prompt."""
+
+    train: str = Field(
+        "synthetic",
+        description="'synthetic', a JSONL/parquet path, a directory of them, or an HF dataset name",
+    )
+    val_files: list[str] = Field(
+        default_factory=list,
+        description="validation sets: JSONL/parquet paths or names `satseq eval --dataset` takes",
+    )
+    split: str = Field("train", description="the split read from a Hugging Face dataset name")
+    field_map: dict[str, str] | None = Field(
+        None, description="e.g. {problem: question, answer: a.b}"
+    )
+    skip_bad_rows: bool = Field(
+        False, description="count and skip malformed rows; false: fail naming the file and line"
+    )
+    synthetic: SyntheticDataConfig = Field(
+        default_factory=SyntheticDataConfig,
+        description="the synthetic task, for data.train: synthetic",
+    )
+    prompt: PromptConfig = Field(default_factory=PromptConfig, description="the prompt format")
+
+
+class RewardConfig(Section):
+    """How a response is scored: its answer (the last `\\boxed{}`, else the fallbacks) verified
+    against the reference with math-verify, or a custom function."""
+
+    function: str | None = Field(None, description="'package.module:function' custom reward")
+    fallbacks: list[Literal["answer_colon", "answer_is", "last_number"]] = Field(
+        default_factory=list,
+        description='extractors tried in order when there is no \\boxed{}: "Answer: 42", "the '
+        'answer is 42", the last number',
+    )
+    allow_percent: bool = Field(False, description='"10%" equals both 10 and 0.1')
+    format_rule: bool = Field(
+        False, description="SPO format rule: exactly one </think>, no tools after"
+    )
+    timeout_s: float = Field(
+        2.0, gt=0.0, description="deadline for verifying one sample or one custom-function call, s"
+    )

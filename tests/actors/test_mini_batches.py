@@ -1,0 +1,73 @@
+"""PPO mini-batches (DESIGN §4): each epoch deals the agent's stage batch into shuffled
+mini-batches, one optimiser step each; logp_cur stays fixed, so after the first step the ratio
+leaves 1 and the clip and the KL penalty act."""
+
+import pytest
+import torch
+
+from satseq.actors.learner.update import agent_rows, mini_batch_rows
+from tests.actors.test_learner import make_learner, trajectories
+
+A = torch.tensor([1.0, -0.5, 0.3, -1.0])
+
+
+def test_each_epoch_deals_the_agents_rows_into_fresh_shuffled_mini_batches(raw_tiny_model):
+    learner = make_learner(raw_tiny_model, mini_batch_size=2)
+    rows = [0, 1, 2, 3, 4]
+    first, second = mini_batch_rows(learner.policy, rows), mini_batch_rows(learner.policy, rows)
+    assert [len(batch) for batch in first] == [2, 2, 1]
+    assert sorted(row for batch in first for row in batch) == rows  # each row once an epoch
+    assert sorted(row for batch in second for row in batch) == rows
+    assert first != second  # the next epoch draws its own order
+
+
+def test_the_rows_are_those_holding_the_agents_trained_tokens(raw_tiny_model):
+    learner = make_learner(raw_tiny_model)  # agent 0
+    batch = trajectories(learner.policy.tokenizer, owners=(0, 1, 0, 2))
+    masked = batch[2]
+    batch[2] = type(masked)(**{**masked.__dict__, "response_mask": [0] * len(masked.owner_ids)})
+    assert agent_rows(learner.policy, batch) == [0]
+
+
+def test_one_step_over_the_whole_batch_keeps_the_ratio_at_one(raw_tiny_model):
+    """The special case mini_batch_size = batch: r ≡ 1 at the only step, so neither the clip
+    nor β acts (what SAT-Seq ran before mini-batches)."""
+    learner = make_learner(raw_tiny_model, lr=5e-2, kl_coef=0.5)
+    batch = trajectories(learner.policy.tokenizer)
+    result = learner.update(batch, learner.logprobs(batch), A, torch.ones(4))
+    assert result.optimizer_steps == 1
+    assert result.ratio_max == pytest.approx(1.0, abs=1e-5)
+    assert result.clip_fraction == 0.0 and result.kl_penalty == 0.0
+
+
+def test_later_steps_see_a_moved_ratio_so_the_clip_and_the_penalty_act(raw_tiny_model):
+    learner = make_learner(
+        raw_tiny_model, lr=1e-3, kl_coef=0.5, target_kl=1e9, mini_batch_size=2, ppo_epochs=2
+    )
+    batch = trajectories(learner.policy.tokenizer)
+    logp_cur = learner.logprobs(batch)
+    given = logp_cur.clone()
+    result = learner.update(batch, logp_cur, A, torch.ones(4))
+    assert torch.equal(logp_cur, given)  # π_old is fixed for the whole update
+    assert result.optimizer_steps == 4  # 2 epochs × 2 mini-batches of 2
+    assert len(result.steps) == 2 and result.accepted_steps == 2
+    assert result.ratio_max > 1.2  # past 1 + ε: the clip is active
+    assert result.clip_fraction > 0.0
+    assert result.kl_penalty > 0.0
+
+
+def test_a_violating_epoch_is_restored_to_its_start(raw_tiny_model):
+    """The trust region checks each epoch as a whole: a rejected epoch leaves the weights (and
+    the log-probs) as they were when it began."""
+    learner = make_learner(
+        raw_tiny_model, lr=5e-2, target_kl=1e-12, max_backtracks=1, mini_batch_size=2
+    )
+    batch = trajectories(learner.policy.tokenizer)
+    before = learner.weights()
+    logp_cur = learner.logprobs(batch)
+    result = learner.update(batch, logp_cur, A, torch.ones(4))
+    (epoch,) = result.steps
+    assert not epoch.applied and epoch.backtracks == 1 and len(epoch.kl_quantiles) == 2
+    assert result.optimizer_steps == 0
+    assert all(torch.equal(before[name], tensor) for name, tensor in learner.weights().items())
+    assert torch.equal(result.logp_hat, logp_cur)

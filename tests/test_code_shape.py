@@ -1,0 +1,47 @@
+"""The house stays in rooms a newcomer can find: no module past 450 lines, no class past 20
+methods, no function past 70 lines, except a recipe's `run_stage`, which reads as the paper's
+stage top to bottom (STYLE: a file past ~400 lines is a sign to split)."""
+
+import ast
+from pathlib import Path
+
+import satseq
+
+ROOT = Path(satseq.__file__).parent
+MAX_MODULE_LINES = 450
+MAX_CLASS_METHODS = 20
+MAX_FUNCTION_LINES = 70
+LONG_BY_DESIGN = {"run_stage"}
+
+
+def shape_violations(path: Path, root: Path = ROOT) -> list[str]:
+    source = path.read_text()
+    where = path.relative_to(root.parent)
+    found = []
+    if source.count("\n") > MAX_MODULE_LINES:
+        found.append(f"{where}: {source.count(chr(10))} lines")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            methods = [
+                n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+            ]
+            if len(methods) > MAX_CLASS_METHODS:
+                found.append(f"{where}: class {node.name} has {len(methods)} methods")
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES and node.name not in LONG_BY_DESIGN:
+                found.append(f"{where}:{node.lineno}: {node.name} is {length} lines")
+    return found
+
+
+def test_modules_classes_and_functions_stay_small():
+    violations = [v for path in sorted(ROOT.rglob("*.py")) for v in shape_violations(path)]
+    assert violations == []
+
+
+def test_the_check_sees_a_long_function_and_a_large_class(tmp_path):
+    body = "".join(f"    def m{i}(self):\n        pass\n" for i in range(21))
+    lines = "".join(f"    x{i} = {i}\n" for i in range(71))
+    source = tmp_path / "satseq_shape.py"
+    source.write_text(f"class Big:\n{body}\n\ndef long():\n{lines}")
+    assert len(shape_violations(source, root=tmp_path)) == 2
