@@ -31,7 +31,8 @@ test: sandbox-deps $(STAMP)
 	$(VENV)/bin/ruff check .
 	# docs/ (mkdocs.yml): a broken link, a missing anchor or a page left out of the nav fails
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
-	$(PY) -m pytest
+	# the 25 slowest tests are listed at the end (where the suite's time goes)
+	$(PY) -m pytest --durations=25
 
 install: $(STAMP)
 

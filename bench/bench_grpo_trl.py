@@ -16,7 +16,9 @@ sides train a rank-16 LoRA adapter (alpha 32, every linear layer but the output 
 of the full model (satseq's `trainer.lora`, TRL's `peft_config`).
 
 Each side runs in its own process, `--repeats` times, alternating. satseq is `satseq train`'s
-coordinator on a local Ray instance sized to the machine (2 cores here). Per step: seconds from
+coordinator on a local Ray instance sized to the machine (2 cores here); TRL's process runs at
+the niceness Ray gives its workers (15), so that other jobs on a shared machine slow both sides
+alike. Per step: seconds from
 one step's end to the next's (satseq: a coordinator `run_stage` call, its resume checkpoint
 included; HF directories are written after the last stage only, and TRL writes none), the
 median over steps 2..N of every run, and its phases: satseq's rollout (generation and scoring),
@@ -64,6 +66,7 @@ SIDES = ("satseq", "trl")
 PER_STEP = "per step, s (median, 2..N)"
 PHASES = ("rollout", "update", "weight sync")
 LORA_RANK = 16
+RAY_WORKER_NICENESS = 15  # what Ray's raylet gives its worker processes
 
 
 def run_config(args, output_dir: str) -> RunConfig:
@@ -172,6 +175,9 @@ def run_trl(args, out: Path) -> dict:
     from satseq.launch.settings import reward_scorer
     from satseq.models import load_tokenizer, resolve_model_path
 
+    # Ray runs satseq's actors at nice 15 (its worker niceness): TRL at the same priority, so
+    # that other jobs on the machine slow both sides alike
+    os.nice(max(0, RAY_WORKER_NICENESS - os.nice(0)))
     config = run_config(args, str(out))
     model_dir = str(resolve_model_path(config.team.agents[0].path))
     scorer = reward_scorer(config)
@@ -416,11 +422,17 @@ def main() -> None:
         print(json.dumps(run(args, Path(args.out))))
         return
 
+    name = "grpo_trl" + ("" if tiny else "_" + args.model.split(":")[-1])
+    name += "_lora" if args.lora else ""
+    log = Path(tempfile.gettempdir()) / f"{name}.runs.jsonl"  # each run as it ends
+    print(f"each run's numbers go to {log} as it ends", flush=True)
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     load_before = os.getloadavg()[0]
     for _ in range(args.repeats):
         for side in SIDES:
             runs[side].append(in_subprocess(side))
+            with log.open("a") as lines:
+                lines.write(json.dumps({"side": side, **runs[side][-1]}) + "\n")
     with tempfile.TemporaryDirectory() as tmp:
         config = run_config(args, tmp)
     lines = report(args, config, runs, (load_before, os.getloadavg()[0])) if args.repeats else []
@@ -430,8 +442,7 @@ def main() -> None:
         lines += learner_report(in_subprocess("learner", response_len=length), os.getloadavg()[0])
     text = "\n".join(lines)
     print(text)
-    name = "grpo_trl" + ("" if tiny else "_" + args.model.split(":")[-1])
-    results = RESULTS / f"{name}{'_lora' if args.lora else ''}.txt"
+    results = RESULTS / f"{name}.txt"
     results.parent.mkdir(parents=True, exist_ok=True)
     command = " ".join([".venv/bin/python bench/bench_grpo_trl.py", *sys.argv[1:]])
     results.write_text(f"# {command}\n{text}\n")

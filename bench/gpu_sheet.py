@@ -39,9 +39,11 @@ import datetime
 import gc
 import json
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -59,7 +61,7 @@ from learner_workload import (
 
 from satseq.actors.learner import Learner
 from satseq.actors.residency import Residency
-from satseq.actors.sharding import ShardGroup, free_address, join_group, shard_policy
+from satseq.actors.sharding import ShardGroup, join_group, shard_policy
 
 PEAK_BF16_TFLOPS = (  # dense (no sparsity), by a substring of torch.cuda.get_device_name()
     ("GH200", 989.4),
@@ -236,13 +238,16 @@ def measure_mode(mode: str, path: str, args, plan: Plan, trajectories) -> dict:
 
 def with_smaller_micro_batches(measure, plan: Plan, device: str) -> dict:
     """measure(plan), retried at half the micro-batch each time the device runs out of memory;
-    the row says which micro-batch it ran at, or that even one trajectory did not fit. What
-    `measure` built is freed after each try."""
+    the row says which micro-batch it ran at, or that even one trajectory did not fit, or the
+    error that stopped it. What `measure` built is freed after each try."""
     while True:
         try:
             row = measure(plan)
         except torch.OutOfMemoryError:
             row = None
+        except Exception as error:  # one broken row must not cost the sheet its other rows
+            traceback.print_exc()
+            row = {"error": f"{type(error).__name__}: {error}"}
         release(device)  # outside the handler: its traceback held the learner
         if row is not None:
             return {**row, "micro_batch": plan.micro_batch}
@@ -326,11 +331,18 @@ class OneRankGroup(ShardGroup):
         return True
 
 
+def local_address() -> str:
+    """A free port on the loopback interface: the world of one meets there (no network)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
 def measure_fsdp2(path: str, args, plan: Plan, trajectories) -> dict:
     """The `plain` update on a learner sharded with FSDP2 at W = 1 (what a rank of W > 1 runs,
     its collectives over a world of one): seconds per step and peak memory."""
     device = args.device
-    join_group(free_address(), ShardGroup(0, 1), torch.device(device))
+    join_group(local_address(), ShardGroup(0, 1), torch.device(device))
     try:
         learner = new_learner("plain", path, args, plan)
         policy = learner.policy

@@ -149,6 +149,7 @@ def team(ray_cluster, raw_tiny_model):
             [learner],
             rollouts,
             RayCalls(),
+            agent_paths=[raw_tiny_model],
             bucket_mb=BUCKET_MB,
             weight_transfer=weight_transfer,
         )

@@ -126,6 +126,7 @@ def test_debug_is_a_tiny_cpu_run_that_the_variables_still_override():
             "role_prompt": None,
             "offload": None,
             "workers": None,
+            "lora": None,
         }
     ]
     assert config["data"]["train"] == "synthetic"
