@@ -39,7 +39,6 @@ import datetime
 import gc
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -61,7 +60,7 @@ from learner_workload import (
 
 from satseq.actors.learner import Learner
 from satseq.actors.residency import Residency
-from satseq.actors.sharding import ShardGroup, join_group, shard_policy
+from satseq.actors.sharding import ShardGroup, free_address, join_group, shard_policy
 
 PEAK_BF16_TFLOPS = (  # dense (no sparsity), by a substring of torch.cuda.get_device_name()
     ("GH200", 989.4),
@@ -331,18 +330,12 @@ class OneRankGroup(ShardGroup):
         return True
 
 
-def local_address() -> str:
-    """A free port on the loopback interface: the world of one meets there (no network)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{probe.getsockname()[1]}"
-
-
 def measure_fsdp2(path: str, args, plan: Plan, trajectories) -> dict:
     """The `plain` update on a learner sharded with FSDP2 at W = 1 (what a rank of W > 1 runs,
     its collectives over a world of one): seconds per step and peak memory."""
     device = args.device
-    join_group(local_address(), ShardGroup(0, 1), torch.device(device))
+    # the world of one meets on the loopback interface (no network needed)
+    join_group(free_address("127.0.0.1"), ShardGroup(0, 1), torch.device(device))
     try:
         learner = new_learner("plain", path, args, plan)
         policy = learner.policy

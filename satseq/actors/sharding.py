@@ -70,12 +70,13 @@ class ShardGroup:
         return values
 
 
-def free_address() -> str:
-    """host:port where rank 0 can listen for the group's rendezvous."""
-    host = socket.gethostbyname(socket.gethostname())
+def free_address(host: str | None = None) -> str:
+    """host:port where rank 0 can listen for the group's rendezvous: on `host` (127.0.0.1 for
+    a group within one machine), else on every interface, named by this node's address."""
     with socket.socket() as probe:
-        probe.bind(("", 0))
-        return f"{host}:{probe.getsockname()[1]}"
+        probe.bind((host or "", 0))
+        port = probe.getsockname()[1]
+    return f"{host or socket.gethostbyname(socket.gethostname())}:{port}"
 
 
 def join_group(address: str, group: ShardGroup, device: torch.device) -> None:
