@@ -4,6 +4,7 @@ tiny model."""
 from satseq.models.cache import (
     BUILTIN_MODELS,
     UnknownBuiltinModelError,
+    builtin_dir,
     default_cache_dir,
     resolve_builtin,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "TinyModelError",
     "UnknownBuiltinModelError",
     "build_tiny_model",
+    "builtin_dir",
     "default_cache_dir",
     "import_gguf",
     "is_adapter_dir",

@@ -55,11 +55,17 @@ def builtin_build_config(name: str) -> TinyBuildConfig:
     return BUILTIN_MODELS[name]
 
 
+def builtin_dir(name: str, cache_dir: str | Path | None = None) -> Path:
+    """Where builtin model `name` is cached in `cache_dir` (once built)."""
+    fingerprint = builtin_build_config(name).fingerprint()
+    model_name = name.removeprefix(BUILTIN_PREFIX)
+    return Path(cache_dir or default_cache_dir()) / f"{model_name}-{fingerprint}"
+
+
 def resolve_builtin(name: str, cache_dir: str | Path | None = None) -> Path:
     """The directory of builtin model `name`, building it into `cache_dir` if it is missing."""
     config = builtin_build_config(name)
-    model_name = name.removeprefix(BUILTIN_PREFIX)
-    directory = Path(cache_dir or default_cache_dir()) / f"{model_name}-{config.fingerprint()}"
+    directory = builtin_dir(name, cache_dir)
 
     def build(out_dir: Path) -> None:
         logger.info("building %s into %s (once; about a minute)", name, directory)

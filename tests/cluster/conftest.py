@@ -5,7 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.runs import STRAIGHT_STAGES, run_env, train_command
+from tests.cluster.runs import (
+    SPO_STAGES,
+    STRAIGHT_STAGES,
+    run_env,
+    spo_run_args,
+    train_command,
+    write_offline_values,
+)
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +26,16 @@ def straight_run(tmp_path_factory, builtin_models) -> Path:
     # offline even where a developer's W&B API key is set: the test reads the run's files
     subprocess.run(command, check=True, timeout=600, env=run_env() | {"WANDB_MODE": "offline"})
     return output_dir
+
+
+@pytest.fixture(scope="session")
+def spo_run(tmp_path_factory, builtin_models) -> tuple[Path, list[str]]:
+    """An uninterrupted SPO run of SPO_STAGES stages with offline priors, and the arguments that
+    made it: what `test_train_spo` checks, and the reference of SPO's resume test."""
+    root = tmp_path_factory.mktemp("spo")
+    args = spo_run_args(write_offline_values(root / "values.json"))
+    output_dir = root / "run"
+    subprocess.run(
+        train_command(output_dir, SPO_STAGES, *args), check=True, timeout=600, env=run_env()
+    )
+    return output_dir, args

@@ -6,6 +6,8 @@ import socket
 import sys
 from pathlib import Path
 
+from satseq.data import make_split
+
 SATSEQ = str(Path(sys.executable).parent / "satseq")
 # A short quickstart: 3 agents, 4 prompts × G=8 per stage, 1 held out for the certificate,
 # validated on 32 held-out problems.
@@ -26,6 +28,7 @@ SPO_RUN = [
     "--set", "eval.synthetic_problems=32",  # validation: level 1 holds ~175 test problems
     "--set", "team.agents=[{name: a0, path: 'builtin:tiny'}, {name: a1, path: 'builtin:tiny'}]",
 ]  # fmt: skip
+SPO_STAGES = 4  # the shared SPO run's (`spo_run`): revisited prompts from stage 2 on
 
 
 def train_command(output_dir: Path, stages: int, *extra: str) -> list[str]:
@@ -39,6 +42,20 @@ def train_command(output_dir: Path, stages: int, *extra: str) -> list[str]:
         str(output_dir),
         *extra,
     ]
+
+
+def spo_run_args(values_file: Path) -> list[str]:
+    """SPO_RUN with offline scores for 6 of its 8 prompts (`write_offline_values`)."""
+    return [*SPO_RUN, "--set", f"spo.offline_values={values_file}"]
+
+
+def write_offline_values(values_file: Path) -> Path:
+    """Offline scores for 6 of SPO_RUN's 8 prompts, 3 successes in 4 each: the other 2 start at
+    Beta(0.5, 0.5)."""
+    problems = make_split("test", 8, seed=0, difficulty=1, style="symbols")
+    values = {p.problem: [1.0, 0.0, 1.0, 1.0] for p in problems[:6]}
+    values_file.write_text(json.dumps(values))
+    return values_file
 
 
 def run_env() -> dict[str, str]:

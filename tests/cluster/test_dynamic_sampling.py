@@ -90,4 +90,3 @@ def test_a_stage_trains_only_on_groups_with_a_gradient(quickstart_model, algorit
 def test_spo_refuses_dynamic_sampling_naming_the_key():
     with pytest.raises(ConfigError, match="dynamic_sampling"):
         load_config(QUICKSTART, ["algorithm.name=spo", "rollout.dynamic_sampling.enabled=true"])
-

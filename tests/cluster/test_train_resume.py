@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.cluster.runs import (
-    SPO_RUN,
+    SPO_STAGES,
     STRAIGHT_STAGES,
     read_metrics,
     run_env,
@@ -20,10 +20,9 @@ from tests.cluster.runs import (
 pytestmark = pytest.mark.slow
 
 
+# The runs of their own; sat_seq and spo compare with the shared runs (`straight_run`, `spo_run`)
 EXTRA_ARGS = {
-    "sat_seq": [],
     "sat_seq_gae": ["--set", "sat_seq.advantage=gae"],
-    "spo": SPO_RUN,
     # one agent sharded over two learner ranks (FSDP2 on gloo) beside the rollout actor: the
     # other variants resume teams; more ranks on 2 cores only take longer
     "sat_seq_sharded": [
@@ -33,21 +32,24 @@ EXTRA_ARGS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("algorithm", list(EXTRA_ARGS))
+@pytest.mark.parametrize("algorithm", ["sat_seq", *EXTRA_ARGS, "spo"])
 def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
     tmp_path, request, builtin_models, algorithm
 ):
-    """SPO's resume state adds the trackers (with their stored log-probs) and the sampler RNG;
-    `gae` mode's, the value heads and their optimisers; sharded agents', their ranks' shards
-    (`torch.distributed.checkpoint`)."""
-    stages = STRAIGHT_STAGES
-    extra = EXTRA_ARGS[algorithm]
-    if extra:
+    """SPO's resume state adds the trackers (with their stored log-probs and offline priors) and
+    the sampler RNG; `gae` mode's, the value heads and their optimisers; sharded agents', their
+    ranks' shards (`torch.distributed.checkpoint`)."""
+    if algorithm == "sat_seq":  # the plain quickstart's: the run the fault tests compare with too
+        stages, extra = STRAIGHT_STAGES, []
+        straight = request.getfixturevalue("straight_run")
+    elif algorithm == "spo":  # the run `test_train_spo` checks
+        stages = SPO_STAGES
+        straight, extra = request.getfixturevalue("spo_run")
+    else:
+        stages, extra = STRAIGHT_STAGES, EXTRA_ARGS[algorithm]
         straight = tmp_path / "straight"
         command = train_command(straight, stages, *extra)
         subprocess.run(command, check=True, timeout=600, env=run_env())
-    else:  # the plain quickstart's: the run the fault tests compare with too
-        straight = request.getfixturevalue("straight_run")
 
     interrupted = tmp_path / "interrupted"
     driver = subprocess.Popen(

@@ -1,29 +1,18 @@
 """SPO and GRPO end to end on the tiny model: the real `satseq train` on a real Ray instance."""
 
-import json
 import subprocess
 
 import pytest
 
-from satseq.data import make_split
-from tests.cluster.runs import SPO_RUN, read_metrics, run_env, train_command
+from tests.cluster.runs import read_metrics, run_env, train_command
 
 pytestmark = pytest.mark.slow
 
 
-def test_spo_runs_with_offline_priors_kl_forgetting_and_its_metrics(tmp_path, builtin_models):
-    problems = make_split("test", 8, seed=0, difficulty=1, style="symbols")
-    # offline scores for 6 of the 8 prompts: the other 2 start at Beta(0.5, 0.5) and are counted
-    values = {p.problem: [1.0, 0.0, 1.0, 1.0] for p in problems[:6]}
-    values_file = tmp_path / "values.json"
-    values_file.write_text(json.dumps(values))
-    output_dir = tmp_path / "spo"
-    subprocess.run(
-        train_command(output_dir, 4, *SPO_RUN, "--set", f"spo.offline_values={values_file}"),
-        check=True,
-        timeout=600,
-        env=run_env(),
-    )
+def test_spo_runs_with_offline_priors_kl_forgetting_and_its_metrics(spo_run):
+    """`spo_run`: offline scores for 6 of the 8 prompts; the other 2 start at Beta(0.5, 0.5)
+    and are counted."""
+    output_dir, _ = spo_run
     metrics = read_metrics(output_dir)
     assert [m["stage"] for m in metrics] == [0, 1, 2, 3]
     for m in metrics:

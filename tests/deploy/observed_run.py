@@ -79,15 +79,30 @@ def wait_for_last_stage(port: int) -> str:
         time.sleep(2)
 
 
+def start_ray_exporting_metrics(attempts: int = 3) -> int:
+    """A local Ray instance whose metrics agent serves on a free port; that port. The port is
+    free when probed, but Ray's own processes bind ephemeral ports as they start, and one can
+    take it first: the agent then exits and Ray's start fails, so a new port is tried."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        try:
+            ray.init(
+                address="local",
+                num_cpus=2,
+                include_dashboard=False,
+                log_to_driver=False,
+                _metrics_export_port=port,
+            )
+            return port
+        except Exception:  # Ray says only "The current node timed out during startup"
+            ray.shutdown()
+            if attempt == attempts:
+                raise
+    raise ValueError(f"attempts must be ≥ 1, not {attempts}")
+
+
 def main(out: Path) -> None:
-    port = free_port()
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        _metrics_export_port=port,
-    )
+    port = start_ray_exporting_metrics()
     try:
         venv_bin = str(Path(sys.executable).parent)
         env = (
