@@ -11,7 +11,6 @@ from tests.cluster.runs import (
     run_env,
     spo_run_args,
     train_command,
-    write_offline_values,
 )
 
 
@@ -33,7 +32,7 @@ def spo_run(tmp_path_factory, builtin_models) -> tuple[Path, list[str]]:
     """An uninterrupted SPO run of SPO_STAGES stages with offline priors, and the arguments that
     made it: what `test_train_spo` checks, and the reference of SPO's resume test."""
     root = tmp_path_factory.mktemp("spo")
-    args = spo_run_args(write_offline_values(root / "values.json"))
+    args = spo_run_args(root)
     output_dir = root / "run"
     subprocess.run(
         train_command(output_dir, SPO_STAGES, *args), check=True, timeout=600, env=run_env()

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from satseq.data import make_split
+from satseq.offline import write_offline_values
 
 SATSEQ = str(Path(sys.executable).parent / "satseq")
 # A short quickstart: 3 agents, 4 prompts × G=8 per stage, 1 held out for the certificate,
@@ -44,18 +45,13 @@ def train_command(output_dir: Path, stages: int, *extra: str) -> list[str]:
     ]
 
 
-def spo_run_args(values_file: Path) -> list[str]:
-    """SPO_RUN with offline scores for 6 of its 8 prompts (`write_offline_values`)."""
-    return [*SPO_RUN, "--set", f"spo.offline_values={values_file}"]
-
-
-def write_offline_values(values_file: Path) -> Path:
-    """Offline scores for 6 of SPO_RUN's 8 prompts, 3 successes in 4 each: the other 2 start at
-    Beta(0.5, 0.5)."""
+def spo_run_args(root: Path) -> list[str]:
+    """SPO_RUN with offline scores (3 successes in 4) for 6 of its 8 prompts, written to
+    root/values.json: the other 2 start at Beta(0.5, 0.5)."""
     problems = make_split("test", 8, seed=0, difficulty=1, style="symbols")
     values = {p.problem: [1.0, 0.0, 1.0, 1.0] for p in problems[:6]}
-    values_file.write_text(json.dumps(values))
-    return values_file
+    values_file = write_offline_values(values, root / "values.json")
+    return [*SPO_RUN, "--set", f"spo.offline_values={values_file}"]
 
 
 def run_env() -> dict[str, str]:

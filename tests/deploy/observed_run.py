@@ -7,7 +7,6 @@ gauges arrive. Run as a script (its own process owns Ray, so the test process ne
 writes OUTPUT_DIR/run/ (the training outputs) and OUTPUT_DIR/ray_metrics.txt (the scrape).
 """
 
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import ray
 
-from tests.cluster.runs import run_env
+from tests.cluster.runs import free_port, run_env
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_DAPO = REPO / "scripts" / "train_dapo.sh"
@@ -50,12 +49,7 @@ CPU_OVERRIDES = [
     }.items()
 ]
 SCRAPE_TIMEOUT_S = 90  # Ray's metrics agent exports every few seconds
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+RAY_START_ATTEMPTS = 3  # each on a new metrics port
 
 
 def scrape(port: int) -> str:
@@ -79,11 +73,12 @@ def wait_for_last_stage(port: int) -> str:
         time.sleep(2)
 
 
-def start_ray_exporting_metrics(attempts: int = 3) -> int:
+def start_ray_exporting_metrics() -> int:
     """A local Ray instance whose metrics agent serves on a free port; that port. The port is
     free when probed, but Ray's own processes bind ephemeral ports as they start, and one can
     take it first: the agent then exits and Ray's start fails, so a new port is tried."""
-    for attempt in range(1, attempts + 1):
+    attempts_left = RAY_START_ATTEMPTS
+    while True:
         port = free_port()
         try:
             ray.init(
@@ -96,9 +91,9 @@ def start_ray_exporting_metrics(attempts: int = 3) -> int:
             return port
         except Exception:  # Ray says only "The current node timed out during startup"
             ray.shutdown()
-            if attempt == attempts:
+            attempts_left -= 1
+            if not attempts_left:
                 raise
-    raise ValueError(f"attempts must be ≥ 1, not {attempts}")
 
 
 def main(out: Path) -> None:

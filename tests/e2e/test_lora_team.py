@@ -28,7 +28,8 @@ from satseq.data.prompts import prompt_ids
 from satseq.models import is_adapter_dir, load_policy, load_tokenizer, resolve_model_path
 from satseq.models.adapters import adapter_base, adapter_config
 from satseq.serving.app import INGRESS, start_server
-from tests.e2e.test_smollm2 import free_port, satseq
+from tests.cluster.runs import free_port
+from tests.e2e.test_smollm2 import satseq
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from satseq.data.prompts import prompt_ids
 from satseq.models import resolve_model_path
 from satseq.rewards.scorer import RewardScorer
 from tests.actors.test_engines import engine_logprobs, perturb_
+from tests.cluster.runs import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -215,12 +215,6 @@ def test_eval_scores_the_trained_team(trained, tmp_path):
     predictions = (out / "predictions.jsonl").read_text().splitlines()
     assert len(predictions) == 3
     assert all(sorted(json.loads(p)["individual_answers"]) == ["a0", "a1"] for p in predictions)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_serve_answers_predict_with_the_trained_team(trained):

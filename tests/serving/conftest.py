@@ -13,7 +13,6 @@ memory.
 
 import os
 import shutil
-import socket
 from dataclasses import dataclass
 
 import pytest
@@ -34,6 +33,7 @@ from satseq.serving.app import (
     team_app,
 )
 from satseq.serving.ingress import TeamIngress
+from tests.cluster.runs import free_port
 from tests.serving.replicas import REPLICAS, RESILIENT_APP, TEAM
 
 API_KEY_ENV = "SATSEQ_TEST_API_KEY"
@@ -50,12 +50,6 @@ class Server:
 
 def team_config():
     return load_config(overrides=[f"serve.api_key_env={API_KEY_ENV}"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def broken_model(path):
