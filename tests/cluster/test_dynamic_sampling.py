@@ -35,7 +35,10 @@ def test_rounds_keep_groups_with_a_gradient_and_draw_in_order_until_b_are_kept()
     )
     assert sampled.problems == ["b", "d"]  # a and c were degenerate; d filled the batch
     assert [t.reward for t in sampled.trajectories] == [0, 1, 1, 0]
-    assert sampled.metrics == {"groups/kept": 2, "groups/drawn": 4, "groups/rounds": 2}
+    # one model-written token per trajectory: 8 generated, 4 trained on
+    assert sampled.metrics == {
+        "groups/kept": 2, "groups/drawn": 4, "groups/rounds": 2, "tokens/dropped": 4
+    }  # fmt: skip
     assert calls == [(["a", "b"], 0, 0), (["c", "d"], 2, 1)]
 
 
@@ -50,7 +53,7 @@ def test_max_rounds_bounds_the_draws_and_the_stage_trains_on_what_it_kept():
         max_rounds=2,
     )
     assert sampled.problems == [] and sampled.metrics["groups/rounds"] == 2
-    assert sampled.metrics["groups/drawn"] == 4
+    assert sampled.metrics["groups/drawn"] == 4 and sampled.metrics["tokens/dropped"] == 8
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +87,8 @@ def test_a_stage_trains_only_on_groups_with_a_gradient(quickstart_model, algorit
     assert 1 <= m["groups/rounds"] <= 3 and m["groups/drawn"] >= trained
     assert m["groups/kept"] <= trained and m["groups/degenerate_fraction"] == 0.0
     assert m["groups/kept"] == trained or m["groups/rounds"] == 3
+    # every dropped group's tokens are counted (at least one token a response)
+    assert (m["tokens/dropped"] > 0) == (m["groups/drawn"] > m["groups/kept"])
     assert recipe.cursor.state_dict()["position"] == 8 + m["groups/drawn"] - trained
 
 

@@ -82,9 +82,10 @@ def dynamically_sampled(
     target = len(first)
     kept: list[MathProblem] = []
     rows: list[Trajectory] = []
-    problems, drawn, rounds = first, 0, 0
+    problems, drawn, rounds, tokens = first, 0, 0, 0
     while True:
         trajectories = generate(problems, drawn, rounds)
+        tokens += sum(model_tokens(t) for t in trajectories)
         for p, problem in enumerate(problems):
             group = trajectories[p * per_prompt : (p + 1) * per_prompt]
             if len({t.reward for t in group}) > 1:
@@ -95,8 +96,16 @@ def dynamically_sampled(
             break
         problems = draw(target)
     n = min(len(kept), target)
+    rows = rows[: n * per_prompt]
     metrics = {"groups/kept": n, "groups/drawn": drawn, "groups/rounds": rounds}
-    return Sampled(kept[:n], rows[: n * per_prompt], metrics)
+    # what the engines generated for groups the stage does not train on
+    metrics["tokens/dropped"] = tokens - sum(model_tokens(t) for t in rows)
+    return Sampled(kept[:n], rows, metrics)
+
+
+def model_tokens(trajectory: Trajectory) -> int:
+    """The response tokens a model wrote (no tool output), as `tokens/generated` counts them."""
+    return sum(trajectory.response_mask)
 
 
 def off_policy_weights(
