@@ -26,10 +26,7 @@ from pathlib import Path
 
 from bench_lora_team import SATSEQ, run, team_vote
 
-
-def stages_of(metrics: Path) -> list[dict]:
-    """Each stage's metrics (metrics.jsonl), in order."""
-    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+from satseq.report import read_metrics
 
 
 def cumulative(stages: list[dict]) -> list[tuple[int, float]]:
@@ -55,7 +52,7 @@ def train(
     ]
     sets = [part for setting in settings for part in ("--set", setting)]
     run([SATSEQ, "train", str(config), *sets, "--output-dir", str(out)], out / "train.log")
-    return stages_of(out / "metrics.jsonl")
+    return read_metrics(out / "metrics.jsonl")
 
 
 def measure(config: Path, seed: int, max_rounds: int, overrides: list[str], root: Path) -> dict:
@@ -79,6 +76,7 @@ def measure(config: Path, seed: int, max_rounds: int, overrides: list[str], root
             reached = stage
             break
     plain_tokens, plain_s = cumulative(plain)[last]
+    dynamic_totals = cumulative(dynamic)
     result = {
         "run": name,
         "target_vote": target,
@@ -89,9 +87,9 @@ def measure(config: Path, seed: int, max_rounds: int, overrides: list[str], root
         "dynamic_rounds_mean": sum(s.get("groups/rounds", 1) for s in dynamic) / len(dynamic),
         "dynamic_kept_mean": sum(s.get("groups/kept", 0) for s in dynamic) / len(dynamic),
     }
-    result["dynamic_tokens_all"], result["dynamic_s_all"] = cumulative(dynamic)[last]
+    result["dynamic_tokens_all"], result["dynamic_s_all"] = dynamic_totals[last]
     if reached is not None:
-        result["dynamic_tokens"], result["dynamic_s"] = cumulative(dynamic)[reached]
+        result["dynamic_tokens"], result["dynamic_s"] = dynamic_totals[reached]
     print(json.dumps(result), flush=True)
     return result
 

@@ -2,10 +2,10 @@
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
+from satseq.actors.sharding import free_address
 from satseq.data import make_split
 from satseq.offline import write_offline_values
 
@@ -70,6 +70,4 @@ def without_timings(record: dict) -> dict:
 
 def free_port() -> int:
     """A loopback port nothing listens on (until the caller starts something there)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return int(free_address("127.0.0.1").rsplit(":", 1)[1])
