@@ -24,17 +24,16 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from learner_workload import (
     SIZES,
-    bare_step,
+    backtrack_costs,
     build_model,
     learner_spec,
     random_trajectories,
-    synchronize,
+    time_mode,
 )
 
 MODES = ("bare", "exact", "k3", "plain")
@@ -61,41 +60,15 @@ def worker(args, path: str, mode: str) -> dict:
     learner = make_learner(args, path, mode)
     vocab = learner.policy.model.config.vocab_size
     trajectories = random_trajectories(args.sequences, args.prompt_len, args.response_len, vocab)
-    A = torch.linspace(-1, 1, len(trajectories))
-    c = torch.ones(len(trajectories))
-    # SAT-Seq's modes get logp_cur from a separate pass; GRPO's takes it in its first forward
-    logp_cur = None if mode == "plain" else learner.logprobs(trajectories)
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-
-    def step():
-        if mode == "bare":
-            bare_step(learner.policy, trajectories)
-        else:
-            learner.update(trajectories, logp_cur, A, c)
-
-    step()  # warm-up
-    synchronize(args.device)
-    started = time.perf_counter()
-    for _ in range(args.repeats):
-        step()
-    synchronize(args.device)
-    seconds = (time.perf_counter() - started) / args.repeats
+    result = {"mode": mode, **time_mode(learner, mode, trajectories, args.repeats, args.device)}
     if args.device.startswith("cuda"):
-        peak_gib = torch.cuda.max_memory_allocated() / 2**30
+        result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     else:
-        peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB → GiB
-    result = {"mode": mode, "seconds": seconds, "peak_gib": peak_gib}
-    if mode == "exact":  # a backtrack = restore the snapshot, then retry the step
-        started = time.perf_counter()
-        snapshot = learner.policy.save_snapshot()
-        synchronize(args.device)
-        result["snapshot_s"] = time.perf_counter() - started
-        started = time.perf_counter()
-        learner.policy.restore(snapshot)
-        synchronize(args.device)
-        result["restore_s"] = time.perf_counter() - started
-        result["snapshot_gib"] = snapshot.nbytes / 2**30
+        result["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB
+    if mode == "exact":
+        result |= backtrack_costs(learner.policy, args.device)
     result["parameters"] = sum(p.numel() for p in learner.policy.model.parameters())
     return result
 
@@ -146,6 +119,9 @@ def main() -> None:
             f"{r['peak_gib']:9.2f} "
             f"{r['peak_gib'] / bare['peak_gib'] if bare else float('nan'):7.2f}"
         )
+    for mode, r in results.items():
+        if r.get("backtracks") or r.get("not_applied"):
+            print(f"{mode}: {r['backtracks']} backtracks, {r['not_applied']} epochs rejected")
     if "exact" in results:
         r = results["exact"]
         print(

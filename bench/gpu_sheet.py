@@ -50,12 +50,14 @@ import torch
 import torch.distributed as dist
 from learner_workload import (
     SIZES,
-    bare_step,
+    backtrack_costs,
     build_model,
     learner_spec,
     lora_missing,
     random_trajectories,
     synchronize,
+    time_mode,
+    timed,
 )
 
 from satseq.actors.learner import Learner
@@ -184,17 +186,6 @@ def new_learner(mode: str, path: str, args, plan: Plan, **settings) -> Learner:
     )
 
 
-def timed(step, repeats: int, device: str) -> float:
-    """Seconds per call of `step`, after one warm-up call."""
-    step()
-    synchronize(device)
-    started = time.perf_counter()
-    for _ in range(repeats):
-        step()
-    synchronize(device)
-    return (time.perf_counter() - started) / repeats
-
-
 def reset_peak(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -212,26 +203,14 @@ def release(device: str) -> None:
 
 
 def measure_mode(mode: str, path: str, args, plan: Plan, trajectories) -> dict:
-    """One row: the update of `mode` (or the bare loop), seconds per step and peak memory; for
-    `exact`, one backtrack's parts too."""
+    """One row: the update of `mode` (or the bare loop), seconds per step, peak memory and the
+    timed updates' backtracks; for `exact`, one backtrack's parts too."""
     learner = new_learner("plain" if mode == "bare" else mode, path, args, plan)
-    A = torch.linspace(-1, 1, len(trajectories))
-    c = torch.ones(len(trajectories))
-    # SAT-Seq's modes get logp_cur from a separate pass; GRPO's takes it in its first forward
-    logp_cur = None if mode in ("bare", "plain") else learner.logprobs(trajectories)
-    reset_peak(args.device)
-    if mode == "bare":
-        seconds = timed(lambda: bare_step(learner.policy, trajectories), args.repeats, args.device)
-    else:
-        seconds = timed(
-            lambda: learner.update(trajectories, logp_cur, A, c), args.repeats, args.device
-        )
-    row = {"seconds": seconds, "peak_gib": peak_gib(args.device)}
-    if mode == "exact":  # a backtrack = restore the snapshot, then retry the step
-        policy = learner.policy
-        row["snapshot_s"] = timed(policy.save_snapshot, 1, args.device)
-        row["restore_s"] = timed(lambda: policy.restore(policy.snapshot), 1, args.device)
-        row["snapshot_gib"] = policy.snapshot.nbytes / GIB
+    reset_peak(args.device)  # the peak spans logp_cur's passes too (no gradients: lower)
+    row = time_mode(learner, mode, trajectories, args.repeats, args.device)
+    row["peak_gib"] = peak_gib(args.device)
+    if mode == "exact":
+        row |= backtrack_costs(learner.policy, args.device)
     return row
 
 
@@ -293,31 +272,35 @@ def parameter_count(path: str) -> int:
 
 
 def measure_offload(path: str, args, plan: Plan, trajectories) -> dict:
-    """Three learners with `offload: idle_agents` on one device, updating in turn (SAT-Seq's
-    exact mode): each update's onload and offload seconds, bytes moved and peak memory, and
-    what the device holds while all three are idle."""
+    """Three learners with `offload: idle_agents` on one device, updating in turn for two
+    rounds (SAT-Seq's exact mode): each update's onload and offload seconds, bytes moved and
+    peak memory, and what the device holds while all three are idle. The first round's
+    offloads also allocate the pinned buffers of AdamW's new moments; the second is the
+    steady state of a run."""
     learners = [new_learner("exact", path, args, plan, offload="idle_agents") for _ in range(3)]
     release(args.device)
     idle_gib = torch.cuda.memory_allocated() / GIB if args.device.startswith("cuda") else None
     A, c = torch.linspace(-1, 1, len(trajectories)), torch.ones(len(trajectories))
     cycles = []
-    for learner in learners:
-        logp_cur = learner.logprobs(trajectories)
-        residency = learner.policy.residency
-        before = residency.stats.seconds
-        started = time.perf_counter()
-        residency.ensure_resident()
-        onload_s = time.perf_counter() - started
-        result = learner.update(trajectories, logp_cur, A, c)  # offloads when it is done
-        cycles.append(
-            {
-                "onload_s": onload_s,
-                "offload_s": residency.stats.seconds - before - onload_s,
-                "gib_each_way": residency.stats.bytes_onloaded / residency.stats.onloads / GIB,
-                "update_s": result.seconds,
-                "update_peak_gib": result.peak_memory_gib,
-            }
-        )
+    for round_ in (1, 2):
+        for learner in learners:
+            logp_cur = learner.logprobs(trajectories)
+            residency = learner.policy.residency
+            before, onloaded = residency.stats.seconds, residency.stats.bytes_onloaded
+            started = time.perf_counter()
+            residency.ensure_resident()
+            onload_s = time.perf_counter() - started
+            result = learner.update(trajectories, logp_cur, A, c)  # offloads when it is done
+            cycles.append(
+                {
+                    "round": round_,
+                    "onload_s": onload_s,
+                    "offload_s": residency.stats.seconds - before - onload_s,
+                    "gib_onloaded": (residency.stats.bytes_onloaded - onloaded) / GIB,
+                    "update_s": result.seconds,
+                    "update_peak_gib": result.peak_memory_gib,
+                }
+            )
     return {"idle_gib": idle_gib, "cycles": cycles}
 
 
@@ -405,7 +388,8 @@ def markdown(sheet: Sheet, tokens: int) -> str:
                 f"| {fmt(mfu(sheet, entry, rate), '{:.1%}')} "
                 f"| {fmt(row['peak_gib'], '{:.1f}')} |"
             )
-    lines += ["", *extras_lines(sheet, tokens), *goal_lines(sheet, tokens), *sheet.notes]
+    lines += ["", *outcome_lines(sheet), *extras_lines(sheet, tokens)]
+    lines += [*goal_lines(sheet, tokens), *sheet.notes]
     return "\n".join(lines) + "\n"
 
 
@@ -422,6 +406,18 @@ def mfu(sheet: Sheet, entry: dict, tokens_per_s: float) -> float | None:
     return 6 * entry["parameters"] * tokens_per_s / (peak * 1e12) if peak else None
 
 
+def outcome_lines(sheet: Sheet) -> list[str]:
+    """The rows whose timed updates backtracked or were rejected (each should be one accepted
+    step: the target is out of reach), which time something else than the sheet says."""
+    return [
+        f"- {size} {mode}: {row['backtracks']} backtrack(s), {row['not_applied']} epoch(s) "
+        f"rejected in the timed updates: the row times the retries too."
+        for size, entry in sheet.sizes.items()
+        for mode, row in entry["rows"].items()
+        if row.get("backtracks") or row.get("not_applied")
+    ]
+
+
 def extras_lines(sheet: Sheet, tokens: int) -> list[str]:
     lines = []
     first = next(iter(sheet.sizes.values()), None)
@@ -434,16 +430,19 @@ def extras_lines(sheet: Sheet, tokens: int) -> list[str]:
         )
     offload = sheet.offload or {}
     if "cycles" in offload:
-        cycles = offload["cycles"]
-        on = sorted(c["onload_s"] for c in cycles)[1]
-        off = sorted(c["offload_s"] for c in cycles)[1]
-        peaks = [c["update_peak_gib"] for c in cycles if c["update_peak_gib"] is not None]
-        lines.append(
-            f"- Offload cycle (3 learners, `offload: idle_agents`, exact mode; median of 3): "
-            f"onload {on:.3f} s, offload {off:.3f} s ({cycles[0]['gib_each_way']:.2f} GiB each "
-            f"way); update peak {fmt(max(peaks, default=None), '{:.1f}')} GiB; all three idle "
-            f"{fmt(offload['idle_gib'], '{:.2f}')} GiB allocated."
-        )
+        for round_, what in ((1, "first round, pinned buffers allocated"), (2, "steady")):
+            cycles = [c for c in offload["cycles"] if c.get("round", 2) == round_]
+            if not cycles:
+                continue
+            on = sorted(c["onload_s"] for c in cycles)[len(cycles) // 2]
+            off = sorted(c["offload_s"] for c in cycles)[len(cycles) // 2]
+            peaks = [c["update_peak_gib"] for c in cycles if c["update_peak_gib"] is not None]
+            lines.append(
+                f"- Offload cycle, {what} (3 learners, `offload: idle_agents`, exact mode; "
+                f"median): onload {on:.3f} s ({cycles[0]['gib_onloaded']:.2f} GiB), offload "
+                f"{off:.3f} s; update peak {fmt(max(peaks, default=None), '{:.1f}')} GiB; all "
+                f"three idle {fmt(offload['idle_gib'], '{:.2f}')} GiB allocated."
+            )
     elif offload:
         lines.append(f"- Offload cycle: {offload['error']}.")
     fsdp2 = sheet.fsdp2 or {}

@@ -8,6 +8,7 @@ bare GPU machine with the repository on PYTHONPATH.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -175,3 +176,59 @@ def bare_step(policy, trajectories) -> None:
 def synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def timed(step, repeats: int, device: str, prepare=None) -> float:
+    """Seconds per call of `step`, after one warm-up call; `prepare()` runs untimed before
+    each call."""
+    total = 0.0
+    for call in range(repeats + 1):
+        if prepare is not None:
+            prepare()
+        synchronize(device)
+        started = time.perf_counter()
+        step()
+        synchronize(device)
+        total += (time.perf_counter() - started) if call else 0.0
+    return total / repeats
+
+
+def time_mode(learner, mode: str, trajectories, repeats: int, device: str) -> dict:
+    """Seconds per step of `mode` (`bare` or one of MODES) on `learner`, after a warm-up. Each
+    update starts a stage: SAT-Seq's modes at logp_cur of the weights it starts from, from a
+    separate pass (untimed), GRPO's `plain` from its first forward; an update timed against an
+    older logp_cur would time ratios that drift further at every repeat. For the update modes,
+    the backtracks and rejected epochs of the timed updates (the trust region's target is out
+    of reach: each should be one accepted step)."""
+    A = torch.linspace(-1, 1, len(trajectories))
+    c = torch.ones(len(trajectories))
+    if mode == "bare":
+        return {"seconds": timed(lambda: bare_step(learner.policy, trajectories), repeats, device)}
+    stage = {"logp_cur": None}
+    results = []
+
+    def new_stage() -> None:
+        stage["logp_cur"] = learner.logprobs(trajectories)
+
+    seconds = timed(
+        lambda: results.append(learner.update(trajectories, stage["logp_cur"], A, c)),
+        repeats,
+        device,
+        prepare=None if mode == "plain" else new_stage,
+    )
+    steps = [step for result in results for step in result.steps]
+    return {
+        "seconds": seconds,
+        "backtracks": sum(step.backtracks for step in steps),
+        "not_applied": sum(not step.applied for step in steps),
+    }
+
+
+def backtrack_costs(policy, device: str) -> dict:
+    """A backtrack's parts besides the retried step: the snapshot taken before every step
+    (buffers allocated by an earlier one) and its restore, in seconds, and its size."""
+    return {
+        "snapshot_s": timed(policy.save_snapshot, 1, device),
+        "restore_s": timed(lambda: policy.restore(policy.snapshot), 1, device),
+        "snapshot_gib": policy.snapshot.nbytes / 2**30,
+    }

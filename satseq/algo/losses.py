@@ -16,6 +16,9 @@ from satseq.algo.masks import masked_mean
 
 RatioMode = Literal["seq", "token", "seq_mean"]
 Aggregation = Literal["token_mean", "seq_mean"]
+MAX_LOG_RATIO = 20.0
+"""Where r = e^u stops growing in a term whose loss is unbounded (A < 0 without dual-clip):
+r = e^20 ≈ 4.9e8, far past any clip, finite in float32 with room for A and the sums."""
 
 
 @dataclass(frozen=True)
@@ -51,15 +54,25 @@ def clipped_surrogate(
 
     With `dual_clip` = C (> 1), terms with A < 0 are further capped at −C·A (Ye et al. 2020).
     Returns (loss per term, bool mask of terms where clipping was active); u and A broadcast.
+
+    r = e^u is taken at u capped where the unclipped branch cannot be chosen (above
+    log(1+ε_high) for A ≥ 0, above log C for A < 0 with dual-clip), which changes no value or
+    gradient and keeps r finite: a sequence ratio sums the log-ratios of hundreds of tokens and
+    overflows float32 past u ≈ 88, and the chosen branch's backward then multiplies the other's
+    infinite r by 0 (NaN). A < 0 without dual-clip is unbounded: u is capped at MAX_LOG_RATIO,
+    past which the term is constant. The clip flags are compared in log space, uncapped.
     """
-    r = torch.exp(u)
-    pg_loss1 = -A * r
-    pg_loss2 = -A * torch.exp(u.clamp(math.log(1.0 - eps_low), math.log(1.0 + eps_high)))
+    lo, hi = math.log(1.0 - eps_low), math.log(1.0 + eps_high)
+    log_C = math.log(dual_clip) if dual_clip is not None else MAX_LOG_RATIO
+    u_cap = torch.full_like(A, hi, dtype=u.dtype).masked_fill(A < 0, log_C)
+    u_clip = u.clamp(lo, hi)
+    pg_loss1 = -A * torch.exp(torch.clamp(u, max=u_cap))
+    pg_loss2 = -A * torch.exp(u_clip)
     pg_loss = torch.maximum(pg_loss1, pg_loss2)
-    clipped = pg_loss2 > pg_loss1
+    clipped = ((A > 0) & (u_clip < u)) | ((A < 0) & (u_clip > u))  # pg_loss2 > pg_loss1
     if dual_clip is not None:
         pg_loss3 = -A * dual_clip
-        dual = (A < 0) & (pg_loss3 < pg_loss)
+        dual = (A < 0) & (torch.maximum(u, u_clip) > log_C)  # C·|A| < pg_loss
         pg_loss = torch.where(dual, pg_loss3, pg_loss)
         clipped = clipped | dual
     return pg_loss, clipped

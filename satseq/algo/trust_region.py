@@ -5,7 +5,8 @@ KL(π_θ ‖ π_cur) over agent i's sequences. If q > target_kl the step is undo
 optimiser state restored), β_i grows ×1.5 and the step is retried. A step gets at most
 1 + max_backtracks attempts; when the last one also violates, the step is exhausted: it is
 rejected (weights as before the step) or, with on_exhausted="keep" (the official code's
-behaviour), the violating step is kept. β_i persists across steps and stages.
+behaviour), the violating step is kept, unless q is not finite (NaN weights are never kept).
+β_i persists across steps and stages.
 
 Each retry also shrinks the step (`step_scale` = step_shrink^backtracks, applied by the learner
 to its learning rate), as a backtracking line search does. β alone cannot do it: the gradient of
@@ -16,6 +17,7 @@ same step whatever β is, and would violate again on every retry.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -55,11 +57,12 @@ class TrustRegion:
         return self.decision
 
     def _decide(self, q: float) -> StepDecision:
-        if q <= self.target_kl:
+        if q <= self.target_kl:  # a NaN q (NaN weights after the step) is a violation
             return StepDecision.ACCEPT
         self.beta *= self.beta_growth  # β_i ← 1.5·β_i
         if self.backtracks >= self.max_backtracks:
-            return StepDecision.KEEP if self.on_exhausted == "keep" else StepDecision.REJECT
+            keep = self.on_exhausted == "keep" and math.isfinite(q)  # never keep NaN weights
+            return StepDecision.KEEP if keep else StepDecision.REJECT
         self.backtracks += 1
         return StepDecision.BACKTRACK
 

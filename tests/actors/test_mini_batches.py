@@ -2,6 +2,8 @@
 mini-batches, one optimiser step each; logp_cur stays fixed, so after the first step the ratio
 leaves 1 and the clip and the KL penalty act."""
 
+import math
+
 import pytest
 import torch
 
@@ -71,3 +73,17 @@ def test_a_violating_epoch_is_restored_to_its_start(raw_tiny_model):
     assert result.optimizer_steps == 0
     assert all(torch.equal(before[name], tensor) for name, tensor in learner.weights().items())
     assert torch.equal(result.logp_hat, logp_cur)
+
+
+def test_a_sequence_ratio_past_float32s_range_leaves_finite_weights(raw_tiny_model):
+    """u sums the log-ratios of every token an agent wrote: 50 nats a token overflows e^u.
+    The overflow once made an infinite loss, NaN gradients and NaN weights, so that every
+    attempt failed the KL check and the update was rejected (seen on an H100 at 1,536
+    tokens)."""
+    learner = make_learner(raw_tiny_model, lr=1e-3, target_kl=1e9)
+    batch = trajectories(learner.policy.tokenizer)
+    stale = learner.logprobs(batch) - 50.0  # π_θ 50 nats a token likelier than behaviour
+    result = learner.update(batch, stale, A, torch.ones(4))
+    assert result.ratio_max == float("inf")  # e^u itself overflows: the metric says so
+    assert result.accepted_steps == 1 and math.isfinite(result.loss)
+    assert all(torch.isfinite(p).all() for p in learner.policy.model.parameters())

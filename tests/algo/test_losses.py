@@ -7,7 +7,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from satseq.algo.losses import aggregate, clipped_surrogate, kl_penalty, log_ratio, policy_loss
+from satseq.algo.losses import (
+    MAX_LOG_RATIO,
+    aggregate,
+    clipped_surrogate,
+    kl_penalty,
+    log_ratio,
+    policy_loss,
+)
 
 
 def test_sequence_ratio_ppo_by_hand():
@@ -89,6 +96,60 @@ def test_clipped_objective_never_exceeds_unclipped(u, A, eps_low, eps_high):
     # objective = −loss; for either sign of A the clipped objective is ≤ r·A
     loss, _ = clipped_surrogate(torch.tensor(u), torch.tensor(A), eps_low, eps_high)
     assert -loss.item() <= math.exp(u) * A + 1e-5 * (1 + abs(math.exp(u) * A))
+
+
+def _surrogate_reference(u, A, eps_low, eps_high, dual_clip):
+    """The textbook formula, e^u uncapped (float64 here, so nothing overflows below u ≈ 709)."""
+    r = torch.exp(u)
+    unclipped, clipped = -A * r, -A * r.clamp(1 - eps_low, 1 + eps_high)
+    loss = torch.maximum(unclipped, clipped)
+    flags = clipped > unclipped
+    if dual_clip is not None:
+        dual = (A < 0) & (-A * dual_clip < loss)
+        loss, flags = torch.where(dual, -A * dual_clip, loss), flags | dual
+    return loss, flags
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(-30, MAX_LOG_RATIO - 0.01),
+    st.floats(-10, 10),
+    st.floats(0.01, 0.9),
+    st.floats(0.01, 0.9),
+    st.none() | st.floats(1.5, 20),
+)
+def test_capped_ratio_changes_no_value_flag_or_gradient(u, A, eps_low, eps_high, dual_clip):
+    # below MAX_LOG_RATIO the overflow-safe surrogate is the textbook one, gradients included
+    u_ours = torch.tensor(u, dtype=torch.float64, requires_grad=True)
+    u_ref = torch.tensor(u, dtype=torch.float64, requires_grad=True)
+    A_t = torch.tensor(A, dtype=torch.float64)
+    ours, ours_flags = clipped_surrogate(u_ours, A_t, eps_low, eps_high, dual_clip)
+    ref, ref_flags = _surrogate_reference(u_ref, A_t, eps_low, eps_high, dual_clip)
+    ours.backward()
+    ref.backward()
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-12, abs=1e-12)
+    assert bool(ours_flags) == bool(ref_flags)
+    assert u_ours.grad.item() == pytest.approx(u_ref.grad.item(), rel=1e-9, abs=1e-12)
+
+
+def test_long_sequence_ratio_stays_finite():
+    # 1,536 tokens each 0.1 nats more likely: u = 153.6, e^u overflows float32 (it made NaN
+    # gradients, NaN weights and a rejected update on an H100 before the cap)
+    T = 1536
+    logp_cur = torch.full((3, T), -2.0)
+    logp_theta = (logp_cur + 0.1).requires_grad_()
+    mask = torch.ones(3, T)
+    A = torch.tensor([1.0, -1.0, -2.0])
+    for dual_clip, negative in ((None, math.exp(MAX_LOG_RATIO)), (10.0, 10.0)):
+        logp_theta.grad = None
+        out = policy_loss(logp_theta, logp_cur, A, mask, ratio="seq", dual_clip=dual_clip)
+        out.loss.backward()
+        # rows: −1.2·1 (clipped), then 1·cap and 2·cap (A < 0: the unclipped or dual branch)
+        expected = (-1.2 + negative + 2 * negative) / 3
+        assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+        assert torch.isfinite(logp_theta.grad).all()
+        assert (logp_theta.grad == 0).all()  # every term is past its clip or its cap
+        assert out.clip_fraction == pytest.approx(1 / 3 if dual_clip is None else 1.0)
 
 
 def test_dual_clip_caps_negative_advantage_loss():

@@ -24,6 +24,16 @@ def test_exhausted_keep_mode():
     assert region.judge(0.5) is StepDecision.KEEP
 
 
+def test_non_finite_kl_is_never_accepted():
+    # a NaN or infinite q (NaN weights after a step) is a violation, even in keep mode: the
+    # weights go back to the epoch's start
+    region = TrustRegion(target_kl=1e9, alpha=0.1, max_backtracks=1, beta=1.0)
+    assert region.judge(float("nan")) is StepDecision.BACKTRACK
+    assert region.judge(float("inf")) is StepDecision.REJECT
+    keep = TrustRegion(target_kl=1e9, alpha=0.1, max_backtracks=0, beta=1.0, on_exhausted="keep")
+    assert keep.judge(float("nan")) is StepDecision.REJECT
+
+
 def _model_and_optimizer():
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
