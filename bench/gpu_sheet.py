@@ -12,11 +12,15 @@ config and saved to a temporary directory. For each size, in one process, one af
   (PPO-clip as GRPO calls it: no trust region, no measuring pass, behaviour log-probs from the
   step's own forward pass) and `lora` (exact, on a fresh rank-16 LoRA adapter, the base frozen
   in bf16) where LoRA agents ([3.3]) and peft are there; each with tokens/s, its ratio to
-  `bare`, MFU and the update's peak memory, and for `exact` the cost of one backtrack;
+  `bare`, MFU and the update's peak memory, and for `exact` the cost of one backtrack. Each
+  timed update starts a stage (logp_cur of its starting weights) and must be one accepted
+  step: the sheet says when one backtracked or was rejected;
 - for the first size only: the offload cycle ([2.9]: three learners with `offload: idle_agents`
-  updating in turn on one device: seconds per onload and offload, the update's peak) and FSDP2
+  updating in turn on one device, two rounds: seconds per onload and offload, the first round's
+  (pinned buffers allocated) apart from the steady one, the update's peak) and FSDP2
   at W = 1 (one process, a world of one: NCCL on CUDA, gloo on the CPU), its tokens/s against
-  the unsharded `plain` row.
+  the unsharded `plain` row; and the output layer's matmul in float32 (the learner's), TF32 and
+  bf16: its seconds and logit error, the first lever on a trust-region step's time.
 
 MFU = 6 · parameters · tokens / seconds / the card's peak dense bf16 FLOPs, from a table of
 known cards by name (else a measured bf16 matmul, labelled so; `--peak-tflops` overrides). The
@@ -112,6 +116,7 @@ class Sheet:
     sizes: dict = field(default_factory=dict)  # size → {parameters, plan, rows: {mode: row}}
     offload: dict | None = None
     fsdp2: dict | None = None
+    head: dict | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -341,9 +346,44 @@ def measure_fsdp2(path: str, args, plan: Plan, trajectories) -> dict:
         dist.destroy_process_group()
 
 
+def measure_head(path: str, args, plan: Plan, trajectories) -> dict:
+    """The output layer's matmul over one micro-batch's response states, [M, H] × [H, V]: in
+    float32 as the learner computes it (DESIGN §4), in TF32 and in bf16; seconds each and the
+    largest logit error against float64 on 256 of the states. The states are the model's own
+    (a forward pass of the micro-batch); their logits' scale is printed with the errors, as a
+    random-init model's logits are smaller than a trained one's."""
+    from satseq.actors.forward import response_hidden_states, response_positions
+
+    learner = new_learner("plain", path, args, plan)
+    policy = learner.policy
+    batch = next(policy.micro_batches(trajectories))[1].to(policy.device)
+    with torch.no_grad(), policy.autocast():
+        hidden, layer = response_hidden_states(policy.trunk, batch)
+    hidden = hidden[response_positions(batch)].float()
+    weight = layer.weight.detach().float()
+    matmul = torch.backends.cuda.matmul
+    reference = (hidden[:256].double() @ weight.double().T).float()
+    row = {"states": hidden.shape[0], "logit_abs_max": float(reference.abs().max())}
+    for name, dtype, tf32 in (
+        ("float32", torch.float32, False),
+        ("tf32", torch.float32, True),
+        ("bf16", torch.bfloat16, False),
+    ):
+        allowed, matmul.allow_tf32 = matmul.allow_tf32, tf32
+        try:
+            h, w = hidden.to(dtype), weight.to(dtype)
+            row[f"{name}_s"] = timed(lambda h=h, w=w: h @ w.T, args.repeats, args.device)
+            error = (h[:256] @ w.T).float() - reference
+            row[f"{name}_max_error"] = float(error.abs().max())
+        finally:
+            matmul.allow_tf32 = allowed
+    return row
+
+
 def measure_extras(path: str, args, plan: Plan, trajectories, sheet: Sheet, save) -> None:
     """The offload cycle and FSDP2 at W = 1, on the first size, as time allows."""
-    for name, measure in (("offload", measure_offload), ("fsdp2", measure_fsdp2)):
+    extras = (("offload", measure_offload), ("fsdp2", measure_fsdp2), ("head", measure_head))
+    for name, measure in extras:
         if time.perf_counter() > args.deadline:
             setattr(sheet, name, {"error": "skipped: past --budget-s"})
             continue
@@ -456,6 +496,17 @@ def extras_lines(sheet: Sheet, tokens: int) -> list[str]:
         )
     elif fsdp2:
         lines.append(f"- FSDP2 at W = 1: {fsdp2['error']}.")
+    head = sheet.head or {}
+    if "float32_s" in head:
+        lines.append(
+            f"- The output layer's matmul over {head['states']:,} response states (logits up "
+            f"to {head['logit_abs_max']:.1f}): float32 {head['float32_s'] * 1e3:.1f} ms, TF32 "
+            f"{head['tf32_s'] * 1e3:.1f} ms, bf16 {head['bf16_s'] * 1e3:.1f} ms; largest logit "
+            f"error against float64: {head['float32_max_error']:.1e}, "
+            f"{head['tf32_max_error']:.1e}, {head['bf16_max_error']:.1e}."
+        )
+    elif head:
+        lines.append(f"- The output layer's matmul: {head['error']}.")
     return lines
 
 

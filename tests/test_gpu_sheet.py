@@ -29,6 +29,8 @@ def test_the_sheet_runs_every_section_on_the_cpu(tmp_path, monkeypatch):
     cycles = sheet["offload"]["cycles"]  # three learners onloaded and offloaded, two rounds
     assert [cycle["round"] for cycle in cycles] == [1, 1, 1, 2, 2, 2]
     assert sheet["fsdp2"]["backend"] == "gloo" and sheet["fsdp2"]["seconds"] > 0
+    head = sheet["head"]  # the output layer's matmul: float32 is the accurate one
+    assert head["float32_max_error"] < 1e-4 < head["bf16_max_error"]
     table = (tmp_path / "gpu_sheet.md").read_text()
     assert "| tiny |" in table and "FSDP2 at W = 1 (gloo" in table
 
