@@ -19,8 +19,9 @@ config and saved to a temporary directory. For each size, in one process, one af
   updating in turn on one device, two rounds: seconds per onload and offload, the first round's
   (pinned buffers allocated) apart from the steady one, the update's peak) and FSDP2
   at W = 1 (one process, a world of one: NCCL on CUDA, gloo on the CPU), its tokens/s against
-  the unsharded `plain` row; and the output layer's matmul in float32 (the learner's), TF32 and
-  bf16: its seconds and logit error, the first lever on a trust-region step's time.
+  the unsharded `plain` row; and the output layer's matmul in float32 (the learner's), TF32,
+  bf16 and split bf16 (three bf16 products): its seconds and logit error, the first lever on a
+  trust-region step's time.
 
 MFU = 6 · parameters · tokens / seconds / the card's peak dense bf16 FLOPs, from a table of
 known cards by name (else a measured bf16 matmul, labelled so; `--peak-tflops` overrides). The
@@ -348,10 +349,11 @@ def measure_fsdp2(path: str, args, plan: Plan, trajectories) -> dict:
 
 def measure_head(path: str, args, plan: Plan, trajectories) -> dict:
     """The output layer's matmul over one micro-batch's response states, [M, H] × [H, V]: in
-    float32 as the learner computes it (DESIGN §4), in TF32 and in bf16; seconds each and the
-    largest logit error against float64 on 256 of the states. The states are the model's own
-    (a forward pass of the micro-batch); their logits' scale is printed with the errors, as a
-    random-init model's logits are smaller than a trained one's."""
+    float32 as the learner computes it (DESIGN §4), in TF32, in bf16, and in split bf16
+    (`bf16x3`: three bf16 products with float32 accumulation, h_hi·W_hi + h_hi·W_lo + h_lo·W_hi);
+    seconds each and the largest logit error against float64 on 256 of the states. The states
+    are the model's own (a forward pass of the micro-batch); their logits' scale is printed
+    with the errors, as a random-init model's logits are smaller than a trained one's."""
     from satseq.actors.forward import response_hidden_states, response_positions
 
     learner = new_learner("plain", path, args, plan)
@@ -361,23 +363,46 @@ def measure_head(path: str, args, plan: Plan, trajectories) -> dict:
         hidden, layer = response_hidden_states(policy.trunk, batch)
     hidden = hidden[response_positions(batch)].float()
     weight = layer.weight.detach().float()
-    matmul = torch.backends.cuda.matmul
     reference = (hidden[:256].double() @ weight.double().T).float()
     row = {"states": hidden.shape[0], "logit_abs_max": float(reference.abs().max())}
-    for name, dtype, tf32 in (
-        ("float32", torch.float32, False),
-        ("tf32", torch.float32, True),
-        ("bf16", torch.bfloat16, False),
-    ):
-        allowed, matmul.allow_tf32 = matmul.allow_tf32, tf32
+    w_hi, w_lo = split_bf16(weight.T.contiguous())
+    matmuls = {
+        "float32": (False, lambda h: h @ weight.T),
+        "tf32": (True, lambda h: h @ weight.T),
+        "bf16": (False, lambda h: (h.bfloat16() @ w_hi).float()),
+        "bf16x3": (False, lambda h: bf16x3_product(*split_bf16(h), w_hi, w_lo)),
+    }
+    cuda_matmul = torch.backends.cuda.matmul
+    for name, (tf32, product) in matmuls.items():
+        allowed, cuda_matmul.allow_tf32 = cuda_matmul.allow_tf32, tf32
         try:
-            h, w = hidden.to(dtype), weight.to(dtype)
-            row[f"{name}_s"] = timed(lambda h=h, w=w: h @ w.T, args.repeats, args.device)
-            error = (h[:256] @ w.T).float() - reference
-            row[f"{name}_max_error"] = float(error.abs().max())
+            row[f"{name}_s"] = timed(lambda p=product: p(hidden), args.repeats, args.device)
+            row[f"{name}_max_error"] = float((product(hidden[:256]) - reference).abs().max())
+        except RuntimeError as error:  # a torch without bf16 → float32 matmuls on this device
+            row[f"{name}_error"] = str(error).splitlines()[0]
         finally:
-            matmul.allow_tf32 = allowed
+            cuda_matmul.allow_tf32 = allowed
     return row
+
+
+def split_bf16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x ≈ hi + lo, both bf16: hi is x rounded, lo the rounding error rounded (16 bits of x)."""
+    hi = x.bfloat16()
+    return hi, (x - hi.float()).bfloat16()
+
+
+def bf16x3_product(a_hi, a_lo, b_hi, b_lo) -> torch.Tensor:
+    """a·b from the bf16 splits, float32 out: a_hi·b_hi + a_hi·b_lo + a_lo·b_hi (a_lo·b_lo is
+    below float32's rounding of the sum)."""
+    return bf16_product(a_hi, b_hi) + bf16_product(a_hi, b_lo) + bf16_product(a_lo, b_hi)
+
+
+def bf16_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """bf16 a·b accumulated and returned in float32 (the tensor cores' bf16 mode on CUDA; the
+    same arithmetic in float32 elsewhere)."""
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
 
 
 def measure_extras(path: str, args, plan: Plan, trajectories, sheet: Sheet, save) -> None:
@@ -497,13 +522,18 @@ def extras_lines(sheet: Sheet, tokens: int) -> list[str]:
     elif fsdp2:
         lines.append(f"- FSDP2 at W = 1: {fsdp2['error']}.")
     head = sheet.head or {}
-    if "float32_s" in head:
+    if "states" in head:
+        parts = [
+            f"{name} {head[f'{name}_s'] * 1e3:.1f} ms (error {head[f'{name}_max_error']:.1e})"
+            if f"{name}_s" in head
+            else f"{name}: {head.get(f'{name}_error', 'not run')}"
+            for name in ("float32", "tf32", "bf16", "bf16x3")
+        ]
         lines.append(
             f"- The output layer's matmul over {head['states']:,} response states (logits up "
-            f"to {head['logit_abs_max']:.1f}): float32 {head['float32_s'] * 1e3:.1f} ms, TF32 "
-            f"{head['tf32_s'] * 1e3:.1f} ms, bf16 {head['bf16_s'] * 1e3:.1f} ms; largest logit "
-            f"error against float64: {head['float32_max_error']:.1e}, "
-            f"{head['tf32_max_error']:.1e}, {head['bf16_max_error']:.1e}."
+            f"to {head['logit_abs_max']:.1f}; error: the largest against float64): "
+            + ", ".join(parts)
+            + "."
         )
     elif head:
         lines.append(f"- The output layer's matmul: {head['error']}.")
