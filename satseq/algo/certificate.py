@@ -33,8 +33,10 @@ class TheoremTerms:
 
 def surrogate_gain(u: torch.Tensor, A: torch.Tensor, c: torch.Tensor) -> float:
     """L̂_i = Ê[c · (r − 1) · A], r = exp(u): the first-order (performance-difference) gain of
-    agent i's step, IS-corrected for the agents updated before it. u, A, c: [N]."""
-    return float((c * (torch.exp(u) - 1.0) * A).mean())
+    agent i's step, IS-corrected for the agents updated before it. u, A, c: [N]. In float64:
+    u sums a sequence's token log-ratios, and e^u overflows float32 past u ≈ 88 (NaN at A = 0).
+    """
+    return float((c.double() * torch.expm1(u.double()) * A.double()).mean())
 
 
 def truncation_bias(log_ratio_prev: torch.Tensor, c: torch.Tensor, A_max: float) -> float:

@@ -53,6 +53,10 @@ def test_surrogate_gain_and_truncation_bias_by_hand():
     A = torch.tensor([1.0, -1.0])
     c = torch.tensor([1.0, 0.5])
     assert surrogate_gain(u, A, c) == pytest.approx((1 * 0.5 * 1 + 0.5 * -0.5 * -1) / 2)  # 0.375
+    # u = 100 overflows e^u in float32; an A = 0 row then made the mean NaN
+    long = torch.tensor([100.0, math.log(1.5)])
+    expected = (math.expm1(100.0) * 0.0 + 0.5 * 1.0) / 2
+    assert surrogate_gain(long, torch.tensor([0.0, 1.0]), torch.ones(2)) == pytest.approx(expected)
     # earlier agents' ratios ρ = (2, 0.5) truncated to c = (1, 0.5): ζ = A_max · mean(1, 0) = 1.5
     assert truncation_bias(
         torch.log(torch.tensor([2.0, 0.5])), torch.tensor([1.0, 0.5]), 3.0
