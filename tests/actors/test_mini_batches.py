@@ -87,3 +87,19 @@ def test_a_sequence_ratio_past_float32s_range_leaves_finite_weights(raw_tiny_mod
     assert result.ratio_max == float("inf")  # e^u itself overflows: the metric says so
     assert result.accepted_steps == 1 and math.isfinite(result.loss)
     assert all(torch.isfinite(p).all() for p in learner.policy.model.parameters())
+
+
+def test_a_step_with_a_non_finite_gradient_is_skipped(raw_tiny_model, caplog):
+    """A NaN gradient (here from a NaN advantage) must not reach the weights: the step is
+    skipped, counted and logged, and the update goes on from the weights it had."""
+    learner = make_learner(raw_tiny_model, lr=1e-3, target_kl=1e9)
+    batch = trajectories(learner.policy.tokenizer)
+    nan_advantage = A.clone()
+    nan_advantage[1] = float("nan")
+    before = {name: p.detach().clone() for name, p in learner.policy.model.named_parameters()}
+    with caplog.at_level("WARNING", logger="satseq.actors.learner.update"):
+        result = learner.update(batch, learner.logprobs(batch), nan_advantage, torch.ones(4))
+    assert result.skipped_steps == 1 and result.optimizer_steps == 0
+    assert "optimiser step is skipped" in caplog.text
+    for name, p in learner.policy.model.named_parameters():
+        assert torch.equal(p.detach(), before[name]), name

@@ -17,7 +17,8 @@ class UpdateResult:
     kl_quantile NaN, where the epochs were not measured (`TrustRegionSpec.measure`).
     steps: each epoch's trust-region outcome. loss, clip_fraction, kl_penalty (β·KL, mean over
     its optimiser steps) and ratio_max: of the last attempt of the last epoch.
-    optimizer_steps: the optimiser steps of the epochs that were kept.
+    optimizer_steps: the optimiser steps of the epochs that were kept; skipped_steps: steps
+    not taken in any attempt because their gradient was not finite.
     peak_memory_gib: the process's peak allocated device memory during the update, on CUDA;
     None elsewhere (`satseq.actors.residency.peak_memory_gib`)."""
 
@@ -31,6 +32,7 @@ class UpdateResult:
     kl_penalty: float = 0.0
     ratio_max: float = 0.0
     optimizer_steps: int = 0
+    skipped_steps: int = 0
 
     @property
     def backtracks(self) -> int:

@@ -13,6 +13,8 @@ micro-batches (stand-ins of weight 0 keep the collectives in step).
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +31,8 @@ from satseq.algo.lm_head import OutputLayer, chunked_logprobs_and_kl
 from satseq.algo.losses import kl_penalty, policy_loss
 from satseq.algo.masks import owner_mask
 from satseq.algo.trust_region import StepDecision, StepOutcome, TrustRegion
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,6 +79,7 @@ class StepStats:
     kl_penalty: float = 0.0
     ratio_max: float = 0.0
     steps: int = 0
+    skipped: int = 0  # steps not taken: their gradient was not finite
 
     @staticmethod
     def mean(parts: list[StepStats]) -> StepStats:
@@ -85,6 +90,7 @@ class StepStats:
             kl_penalty=sum(p.kl_penalty for p in parts) / n,
             ratio_max=max((p.ratio_max for p in parts), default=0.0),
             steps=sum(p.steps for p in parts),
+            skipped=sum(p.skipped for p in parts),
         )
 
 
@@ -177,6 +183,7 @@ def run_update(
         kl_penalty=last.kl_penalty,
         ratio_max=last.ratio_max,
         optimizer_steps=sum(attempt.stats.steps for attempt in _kept(attempts, epochs)),
+        skipped_steps=sum(attempt.stats.skipped for attempt in attempts),
     )
 
 
@@ -203,6 +210,15 @@ def trust_region_epoch(
             kl_quantile_and_logprobs(ctx) if spec.trust_region.measure else (float("nan"), None)
         )
         attempts.append(Attempt(stats, q, logp_new))
+        if spec.trust_region.measure and not math.isfinite(q):
+            logger.warning(
+                "agent %d, epoch %d: the KL quantile after its steps is %s (the weights are not "
+                "finite)%s",
+                spec.agent_index,
+                epoch,
+                q,
+                ": the epoch is restored" if enabled else "",
+            )
         if enabled:
             region.judge(q)
     if not enabled:
@@ -263,15 +279,22 @@ def optimizer_step(
         ratio_max = max(ratio_max, pl.ratio_max if mb.real else 0.0)
     for rows_of, values in (part for parts in policy.group.gather(recorded) for part in parts):
         logp_cur[rows_of, : values.shape[1]] = values  # sharded: the other ranks' rows too
-    clip_grad_norm_(policy.trainable_parameters(), spec.optimizer.grad_clip)
-    policy.optimizer.step()
+    grad_norm = clip_grad_norm_(policy.trainable_parameters(), spec.optimizer.grad_clip)
+    finite = math.isfinite(grad_norm)  # the whole gradient's norm: every rank agrees
+    if finite:
+        policy.optimizer.step()
+    else:  # a NaN or infinite gradient would make every weight NaN: skip the step
+        logger.warning(
+            "agent %d: gradient norm %s, the optimiser step is skipped", spec.agent_index, grad_norm
+        )
     group = policy.group
     return StepStats(
         loss=group.sum(float(loss_sum)),
         clip_fraction=group.sum(clip_sum),
         kl_penalty=group.sum(penalty_sum),
         ratio_max=max(group.gather(ratio_max)),
-        steps=1,
+        steps=1 if finite else 0,
+        skipped=0 if finite else 1,
     )
 
 

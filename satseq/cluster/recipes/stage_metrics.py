@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 def update_metrics(stats: UpdateResult) -> dict[str, float]:
     """What one agent's learner update did (UpdateResult → per-agent metrics): its epochs
-    accepted and rejected, the trust region's q and β, the optimiser steps kept, and of its
-    last attempt the loss, the share of clipped terms, the KL penalty and the largest ratio.
+    accepted and rejected, the trust region's q and β, the optimiser steps kept and those skipped
+    for a non-finite gradient, and of its last attempt the loss, the share of clipped terms, the
+    KL penalty and the largest ratio.
     The update's peak device memory is there where the device reports one (CUDA)."""
     metrics = {
         "kl_quantile": stats.kl_quantile,  # NaN where not measured: left out below
@@ -32,6 +33,7 @@ def update_metrics(stats: UpdateResult) -> dict[str, float]:
         "accepted": stats.accepted_steps,
         "rejected": len(stats.steps) - stats.accepted_steps,
         "update/steps": stats.optimizer_steps,
+        "update/skipped_steps": stats.skipped_steps,
         "loss": stats.loss,
         "loss/clip_fraction": stats.clip_fraction,
         "loss/kl_penalty": stats.kl_penalty,
