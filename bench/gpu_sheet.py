@@ -496,9 +496,7 @@ def extras_lines(sheet: Sheet, tokens: int) -> list[str]:
     offload = sheet.offload or {}
     if "cycles" in offload:
         for round_, what in ((1, "first round, pinned buffers allocated"), (2, "steady")):
-            cycles = [c for c in offload["cycles"] if c.get("round", 2) == round_]
-            if not cycles:
-                continue
+            cycles = [c for c in offload["cycles"] if c["round"] == round_]
             on = sorted(c["onload_s"] for c in cycles)[len(cycles) // 2]
             off = sorted(c["offload_s"] for c in cycles)[len(cycles) // 2]
             peaks = [c["update_peak_gib"] for c in cycles if c["update_peak_gib"] is not None]
