@@ -23,7 +23,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -63,17 +65,18 @@ class MemoryPeak:
         self._thread.join(timeout=30)
 
 
-def run(command: list[str], log: Path) -> tuple[MemoryPeak, float]:
-    """Run `command` (output to `log`); its memory peak and seconds. A failure raises."""
+def run(command: list[str], log: Path, watch: Callable[[int], Any] = MemoryPeak):
+    """Run `command` (output to `log`) with `watch` started on its pid (by default its memory
+    peak) and stopped when it ends; the watcher and the seconds it ran. A failure raises."""
     started = time.perf_counter()
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        memory = MemoryPeak(process.pid)
+        watcher = watch(process.pid)
         code = process.wait()
-    memory.stop()
+    watcher.stop()
     if code != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({code}); see {log}")
-    return memory, time.perf_counter() - started
+    return watcher, time.perf_counter() - started
 
 
 def team_vote(checkpoint_dir: Path, out: Path, log: Path, stage: int | None = None) -> float:
