@@ -13,9 +13,10 @@ K = 0 run of each seed is the baseline of its K = 1 run, measured in the same in
     python bench/bench_async_runs.py --config configs/smollm2.yaml --seeds 0 --pin
     python bench/bench_async_runs.py --config configs/quickstart.yaml --seeds 0 1 2
 
---pin: the processes of Ray actors named `satseq-rollout-*` (and their children: an engine's
-own processes) run on the first half of the machine's cores, those named `satseq-learner-*` on
-the rest; every thread of each, re-applied as threads start. Ray's own processes, the driver and
+--pin: the processes of the rollout actors (Ray titles them `satseq-rollout-*` while they start,
+`RolloutWorker` after) and their children (an engine's own processes) run on the first half of
+the machine's cores, the learners' (`satseq-learner-*`, `Learner`, `LearnerRank`) on the rest;
+every thread of each, re-applied as threads start. Ray's own processes, the driver and
 the coordinator are left where the OS puts them.
 """
 
@@ -34,7 +35,12 @@ from bench_lora_team import SATSEQ, MemoryPeak, base_team, run, team_vote
 
 from satseq.report import read_metrics
 
-ROLES = {"ray::satseq-rollout": "rollout", "ray::satseq-learner": "learner"}
+ROLES = {
+    "ray::satseq-rollout": "rollout",  # an actor's process while its __init__ runs
+    "ray::RolloutWorker": "rollout",  # and after it (Ray titles it by class then)
+    "ray::satseq-learner": "learner",
+    "ray::Learner": "learner",  # Learner and LearnerRank
+}
 
 
 class CorePinning:

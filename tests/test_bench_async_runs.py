@@ -27,7 +27,8 @@ def test_rollout_actors_and_learners_are_pinned_to_their_own_cores(bench):
     assert rollout_cores and learner_cores and not rollout_cores & learner_cores
     tree = (
         "(exec -a ray::satseq-rollout-0:RolloutWorker.generate sh -c 'sleep 5 & wait') & "
-        "(exec -a ray::satseq-learner-a0:Learner.update sleep 5) & "
+        "(exec -a ray::satseq-learner-a0:Learner.__init__ sleep 5) & "
+        "(exec -a ray::LearnerRank.update sleep 5) & "  # a started actor: titled by class
         "(exec -a ray::satseq-coordinator sleep 5) & wait"
     )
     driver = subprocess.Popen(["bash", "-c", tree])
@@ -47,8 +48,8 @@ def test_rollout_actors_and_learners_are_pinned_to_their_own_cores(bench):
     rollout = [a for title, a in affinity.items() if "satseq-rollout" in title]
     assert rollout == [rollout_cores]
     assert affinity["sleep 5"] == rollout_cores  # the rollout actor's own child
-    learner = [a for title, a in affinity.items() if "satseq-learner" in title]
-    assert learner == [learner_cores]
+    learner = [a for title, a in affinity.items() if "Learner" in title]
+    assert learner == [learner_cores, learner_cores]
     coordinator = [a for title, a in affinity.items() if "satseq-coordinator" in title]
     assert coordinator == [os.sched_getaffinity(0)]  # left where the OS puts it
 
