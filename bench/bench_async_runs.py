@@ -161,7 +161,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         baseline = next((r for r in rows if r["seed"] == row["seed"] and r["K"] == 0), None)
-        cut = f"{1 - row['engine_idle_s'] / baseline['engine_idle_s']:.0%}" if baseline else "-"
+        cut = "-"
+        if baseline and row["K"]:
+            cut = f"{1 - row['engine_idle_s'] / baseline['engine_idle_s']:.0%}"
         gain = row["vote_after"] - row["vote_before"]
         print(
             f"| {row['seed']} | {row['K']} | {row['vote_before']:.2f} → {row['vote_after']:.2f} "
