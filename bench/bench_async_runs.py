@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 
 import psutil
-from bench_lora_team import SATSEQ, MemoryPeak, base_team, run, team_vote
+from bench_lora_team import SATSEQ, MemoryPeak, base_team, run, stage_seconds, team_vote
 
 from satseq.report import read_metrics
 
@@ -101,7 +101,7 @@ def steady_means(stages: list[dict]) -> dict[str, float]:
     """Means over the steady stages (all but the first and the last, where there are three or
     more) of the stage time, the busy fractions, the engines' idle seconds and the staleness."""
     steady = stages[1:-1] if len(stages) >= 3 else stages
-    stage_s = [sum(v for k, v in s.items() if k.startswith("time/")) for s in steady]
+    stage_s = [stage_seconds(stage) for stage in steady]
     engine = [s.get("util/engine_busy", 0.0) for s in steady]
     return {
         "stage_s": statistics.mean(stage_s),
@@ -120,12 +120,12 @@ def measure(config: Path, seed: int, K: int, pin: bool, overrides: list[str], ro
     out = root / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    cores = split_cores()
     settings = [*overrides, f"trainer.seed={seed}", f"rollout.max_staleness={K}"]
     sets = [part for setting in settings for part in ("--set", setting)]
     command = [SATSEQ, "train", str(config), *sets, "--output-dir", str(out)]
     result: dict = {"run": name, "seed": seed, "K": K}
     if pin:
+        cores = split_cores()
         pinning, result["train_s"] = run(
             command, out / "train.log", lambda pid: CorePinning(pid, *cores)
         )

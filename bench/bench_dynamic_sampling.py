@@ -24,7 +24,7 @@ import json
 import shutil
 from pathlib import Path
 
-from bench_lora_team import SATSEQ, run, team_vote
+from bench_lora_team import SATSEQ, run, stage_seconds, team_vote
 
 from satseq.report import read_metrics
 
@@ -34,7 +34,7 @@ def cumulative(stages: list[dict]) -> list[tuple[int, float]]:
     tokens, seconds, totals = 0, 0.0, []
     for stage in stages:
         tokens += stage.get("tokens/generated", 0) + stage.get("tokens/dropped", 0)
-        seconds += sum(value for key, value in stage.items() if key.startswith("time/"))
+        seconds += stage_seconds(stage)
         totals.append((tokens, seconds))
     return totals
 

@@ -103,6 +103,11 @@ def base_team(config: Path, overrides: list[str], out_dir: Path) -> Path:
     return team
 
 
+def stage_seconds(stage: dict) -> float:
+    """A stage's time as metrics.jsonl gives it: the sum of its phases (`time/*`)."""
+    return sum(value for key, value in stage.items() if key.startswith("time/"))
+
+
 def phase_seconds(metrics: Path) -> dict[str, float]:
     """Each phase's mean seconds per stage."""
     stages = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]

@@ -21,7 +21,10 @@ def bench(monkeypatch):
     return bench_async_runs
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin apart")
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2,
+    reason="one core: the rollout actors and the learners have no separate cores to be pinned to",
+)
 def test_rollout_actors_and_learners_are_pinned_to_their_own_cores(bench):
     rollout_cores, learner_cores = bench.split_cores()
     assert rollout_cores and learner_cores and not rollout_cores & learner_cores
