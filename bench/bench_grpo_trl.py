@@ -110,7 +110,7 @@ def step_seconds(ends: list[float], started: float) -> list[float]:
 def run_satseq(args, out: Path) -> dict:
     import ray
 
-    from satseq.cluster.coordinator import CoordinatorActor
+    from satseq.cluster.coordinator_actor import CoordinatorActor
     from satseq.launch.connection import connect
 
     config = run_config(args, str(out))

@@ -44,7 +44,8 @@ from satseq.sandbox.pool import SandboxPool
 
 
 class Coordinator:
-    """Owns the team's actors and runs stages. Plain class; `CoordinatorActor` is its actor."""
+    """Owns the team's actors and runs stages. Plain class; `coordinator_actor.CoordinatorActor`
+    runs it in its own process."""
 
     def __init__(self, config: RunConfig, output_dir: str, resume: bool = False):
         self.config = config
@@ -270,6 +271,3 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-
-
-CoordinatorActor = ray.remote(num_cpus=0, max_concurrency=2)(Coordinator)

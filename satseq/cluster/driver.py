@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from satseq.cluster.coordinator import CoordinatorActor
+from satseq.cluster.coordinator_actor import CoordinatorActor
 from satseq.cluster.metric_keys import PEAK_MEMORY
 from satseq.config import TRAIN_CONFIG, RunConfig, dump_config
 from satseq.launch.connection import connect
