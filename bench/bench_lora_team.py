@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -37,7 +38,7 @@ PHASES = ("rollout", "logprobs", "update", "certificate", "weight_sync")
 class MemoryPeak:
     """The largest sum, over a process and its descendants, of their memory (PSS where the
     system reports it, else RSS), sampled every `period_s` while the process runs; and at that
-    peak, each kind of process's share (by its Ray name or command)."""
+    peak, each kind of process's share and how many there were (`process_kind`)."""
 
     def __init__(self, pid: int, period_s: float = 2.0):
         self.root = psutil.Process(pid)
@@ -50,19 +51,34 @@ class MemoryPeak:
     def _sample(self) -> None:
         while self.root.is_running() and self.root.status() != psutil.STATUS_ZOMBIE:
             parts: dict[str, float] = {}
+            counts: dict[str, int] = {}
             for process in [self.root, *self.root.children(recursive=True)]:
                 try:
                     info = process.memory_full_info()
-                    kind = " ".join(process.cmdline()[:1]).rsplit("/", 1)[-1].split(":")[0]
+                    kind = process_kind(process.cmdline())
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
                 parts[kind] = parts.get(kind, 0.0) + getattr(info, "pss", info.rss) / GB
+                counts[kind] = counts.get(kind, 0) + 1
             if sum(parts.values()) * GB > self.peak:
-                self.peak, self.breakdown = int(sum(parts.values()) * GB), parts
+                self.peak = int(sum(parts.values()) * GB)
+                self.breakdown = {f"{kind} x{counts[kind]}": gb for kind, gb in parts.items()}
             time.sleep(self.period_s)
 
     def stop(self) -> None:
         self._thread.join(timeout=30)
+
+
+def process_kind(cmdline: list[str]) -> str:
+    """What a process is, for the memory breakdown: a Ray worker's actor class (its title is
+    `ray::Class.method` or `ray::IDLE`), a Python script's name, else the program's name."""
+    program = cmdline[0] if cmdline else "?"
+    if program.startswith("ray::"):
+        return "ray::" + re.split(r"[.\s]", program[len("ray::") :], maxsplit=1)[0]
+    name = program.rsplit("/", 1)[-1]
+    if name.startswith("python") and len(cmdline) > 1 and not cmdline[1].startswith("-"):
+        return cmdline[1].rsplit("/", 1)[-1]
+    return name
 
 
 def run(command: list[str], log: Path, watch: Callable[[int], Any] = MemoryPeak):

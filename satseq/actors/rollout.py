@@ -32,6 +32,7 @@ from satseq.actors.calls import ActorCalls, RayCalls
 from satseq.actors.engines import Engine, EngineKind
 from satseq.actors.engines.lora import LoraAgentEngine, replace_engine, team_engines
 from satseq.actors.incarnation import PROCESS_ID
+from satseq.actors.residency import return_free_host_memory
 from satseq.actors.tool_loop import SandboxClient, ToolLoop
 from satseq.actors.trajectory import GenerateFn, Generation, GenerationRequest, SamplingSpec
 from satseq.config.schema import ToolConfig
@@ -129,7 +130,11 @@ class RolloutWorker:
                 samples = target.engine.generate(prompts, call_spec, n, adapters=adapters)
             for index, request_samples in zip(indices, samples, strict=True):
                 results[index] = request_samples
-        return self._scored(requests, results)
+        scored = self._scored(requests, results)
+        # the engine's and the scorer's transient buffers, which the C allocator would keep
+        # through the learners' phases that follow (0.35 GB of a SmolLM2 LoRA team's engine)
+        return_free_host_memory()
+        return scored
 
     def _scored(
         self, requests: list[GenerationRequest], results: list[list[Generation]]

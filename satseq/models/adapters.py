@@ -142,12 +142,17 @@ def load_adapted_policy(
     return adapted, tokenizer
 
 
-def write_adapter(directory: str | Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
-    """An adapter directory from its config and its PEFT-named tensors (what vLLM loads)."""
+def write_adapter(
+    directory: str | Path, config: dict, tensors: dict[str, torch.Tensor] | None
+) -> Path:
+    """An adapter directory from its config and its PEFT-named tensors (what vLLM loads); its
+    config alone where `tensors` is None."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / ADAPTER_CONFIG).write_text(json.dumps(config))
-    save_file({name: t.contiguous() for name, t in tensors.items()}, directory / ADAPTER_WEIGHTS)
+    if tensors is not None:
+        weights = {name: t.contiguous() for name, t in tensors.items()}
+        save_file(weights, directory / ADAPTER_WEIGHTS)
     return directory
 
 

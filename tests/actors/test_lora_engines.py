@@ -3,6 +3,8 @@ are one engine; a push after an update changes that agent's adapter only, to the
 log-probs; an engine never serves an older version of an adapter after a push; a rollout worker
 samples every LoRA agent in one call and swaps an agent between adapters and full models."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -112,6 +114,28 @@ def test_vllm_never_serves_an_older_adapter_after_a_push(engines, learner):
         assert max_gap(scored(team["a"], batch), expected) < 1e-4
         greedy = [s[0].token_ids for s in team["a"].generate(prompts, GREEDY)]
         assert greedy == [s[0].token_ids for s in reference["a"].generate(prompts, GREEDY)]
+
+
+@pytest.mark.slow
+def test_a_vllm_push_hands_its_tensors_to_the_engine_which_leaves_them_as_they_were(
+    engines, learner
+):
+    """No file holds a pushed version's tensors (its directory: the config alone); vLLM scales
+    an adapter's B in place, so it must work on copies: the tensors kept for the next push are
+    the learner's, unscaled, and the engine's log-probs are the learner's."""
+    team = engines("vllm")
+    adapters = team["a"].shared.engine.lora
+    assert adapters.in_memory, "this vLLM's worker took no in-memory adapter class"
+    batch = trajectories(learner.policy.tokenizer)
+    expected = update_and_push(learner, team["a"], batch, torch.tensor([1.0, 1.0, -1.0, 1.0]))
+    installed = adapters.installed["a"]
+    assert sorted(p.name for p in Path(installed.request.lora_path).iterdir()) == [
+        "adapter_config.json"
+    ]
+    weights = learner.weights()
+    assert installed.tensors.keys() == weights.keys()
+    assert all(torch.equal(installed.tensors[name], weights[name]) for name in weights)
+    assert max_gap(scored(team["a"], batch), expected) < 1e-4
 
 
 @pytest.fixture(scope="module")

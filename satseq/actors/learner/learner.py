@@ -24,6 +24,7 @@ from satseq.actors.learner.state import LearnerState
 from satseq.actors.learner.update import run_update
 from satseq.actors.residency import return_free_host_memory
 from satseq.actors.sharding import free_address
+from satseq.actors.tensor_bucket import TensorBucket
 from satseq.actors.trajectory import Trajectory
 from satseq.actors.value_head import ValueHead
 from satseq.actors.weight_transfer import TensorSpec, TransferEndpoint, WeightSender
@@ -164,7 +165,7 @@ class Learner:
 
     # --- weights out ---------------------------------------------------------------------------
 
-    def weight_buckets(self, bucket_mb: float) -> Iterator[dict[str, torch.Tensor]]:
+    def weight_buckets(self, bucket_mb: float) -> Iterator[TensorBucket]:
         """The weights in buckets of about `bucket_mb` MiB (`weights_out.weight_buckets`); a
         generator method, so that a Ray actor can stream it."""
         yield from weights_out.weight_buckets(self.policy, bucket_mb)

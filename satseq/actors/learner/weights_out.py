@@ -16,6 +16,7 @@ import torch
 from satseq.actors.learner.policy import AgentPolicy
 from satseq.actors.learner.snapshot import local_shard
 from satseq.actors.sharding import full_state
+from satseq.actors.tensor_bucket import TensorBucket
 from satseq.actors.weight_transfer import TensorSpec, WeightSender
 from satseq.models.adapters import ADAPTER_NAME, write_adapter
 
@@ -42,24 +43,25 @@ def weights_to_send(
         yield name, tensor.detach().to(device, policy.save_dtype, copy=True)
 
 
-def weight_buckets(policy: AgentPolicy, bucket_mb: float) -> Iterator[dict[str, torch.Tensor]]:
+def weight_buckets(policy: AgentPolicy, bucket_mb: float) -> Iterator[TensorBucket]:
     """The current weights as CPU tensors in the save dtype, named as in the HF model (what
-    rollout engines load), in buckets of about `bucket_mb` MiB: one tensor gathered at a time,
-    never the whole model at once. A decoder layer's tensors share a bucket (an engine that
-    fuses them, vLLM, reprocesses a layer once it has all of it), so a bucket can pass
-    `bucket_mb` by at most a layer. Sharded, rank 0 yields them; the other ranks take part in
-    the gathers and yield nothing. A LoRA adapter goes in one bucket, whatever its size: an
-    engine installs an adapter whole, as a new version (a bucket each would be a version each).
+    rollout engines load), in buckets of about `bucket_mb` MiB (`TensorBucket`s: the object
+    store moves them as raw buffers): one tensor gathered at a time, never the whole model at
+    once. A decoder layer's tensors share a bucket (an engine that fuses them, vLLM,
+    reprocesses a layer once it has all of it), so a bucket can pass `bucket_mb` by at most a
+    layer. Sharded, rank 0 yields them; the other ranks take part in the gathers and yield
+    nothing. A LoRA adapter goes in one bucket, whatever its size: an engine installs an
+    adapter whole, as a new version (a bucket each would be a version each).
     """
     limit = float("inf") if policy.lora is not None else bucket_mb * 2**20
-    bucket: dict[str, torch.Tensor] = {}
+    bucket = TensorBucket()
     size, unit = 0, None
     for name, tensor in weights_to_send(policy, torch.device("cpu")):
         if policy.group.rank != 0:
             continue
         if bucket and size + tensor.nbytes > limit and layer_of(name) != unit:
             yield bucket
-            bucket, size = {}, 0
+            bucket, size = TensorBucket(), 0
         bucket[name] = tensor
         size += tensor.nbytes
         unit = layer_of(name)
