@@ -3,7 +3,6 @@ order, dtypes, shapes, values), through pickle's out-of-band buffers and through
 
 import pickle
 
-import pytest
 import ray
 import torch
 from hypothesis import given, settings
@@ -47,14 +46,7 @@ def test_a_bucket_of_views_sends_each_view_alone():
     assert same(bucket, pickle.loads(pickle.dumps(bucket, protocol=5)))
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-def test_a_bucket_crosses_the_object_store_and_an_actor_reads_it(local_ray):
+def test_a_bucket_crosses_the_object_store_and_a_task_reads_it(ray_cluster):
     bucket = TensorBucket(
         {"a": torch.randn(16, 8).bfloat16(), "b": torch.arange(5), "c": torch.randn(3, 3)}
     )
