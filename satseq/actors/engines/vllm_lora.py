@@ -48,7 +48,9 @@ def lora_options(adapter_dirs: list[str]) -> dict[str, Any]:
 
 class InMemoryLoRAModel(LoRAModel):
     """vLLM's adapter model, built from the tensors registered in `tensors` under its directory
-    (`registered`) where there are some, else from the directory's files."""
+    (`registered`) while a push installs it, else from the directory's files. vLLM loads an
+    adapter once, when it is added: with no more adapters than slots (`VLLMAdapters.can_add`)
+    its cache never evicts one, so no later load needs them."""
 
     tensors: ClassVar[dict[str, dict[str, torch.Tensor]]] = {}
 
@@ -137,7 +139,6 @@ class VLLMAdapters:
     def remove(self, name: str) -> None:
         old = self.installed.pop(name)
         self.llm.llm_engine.remove_lora(old.request.lora_int_id)
-        InMemoryLoRAModel.tensors.pop(registered(old.request.lora_path), None)
         shutil.rmtree(old.request.lora_path, ignore_errors=True)
 
     def request(self, name: str | None) -> LoRARequest | None:
@@ -149,22 +150,18 @@ class VLLMAdapters:
         slot is free and no request can find it."""
         version = next(self.ids)
         directory = self.root / f"{name}-v{version}"
-        if self.in_memory and name in self.installed:  # a first version is checked from files
-            write_adapter(directory, config, None)
-            InMemoryLoRAModel.tensors[registered(directory)] = tensors
-        else:
-            write_adapter(directory, config, tensors)
+        in_memory = self.in_memory and name in self.installed  # a first version: from files
+        write_adapter(directory, config, None if in_memory else tensors)
         if name in self.installed:
             self.remove(name)
         request = LoRARequest(f"{name}-v{version}", version, str(directory))
+        if in_memory:
+            InMemoryLoRAModel.tensors[registered(directory)] = tensors
         try:
             self.llm.llm_engine.add_lora(request)  # loaded now: a failure is the push's
-        except Exception:
+        finally:
             InMemoryLoRAModel.tensors.pop(registered(directory), None)
-            raise
         self.installed[name] = InstalledAdapter(request, config, tensors)
 
     def close(self) -> None:
-        for adapter in self.installed.values():
-            InMemoryLoRAModel.tensors.pop(registered(adapter.request.lora_path), None)
         shutil.rmtree(self.root, ignore_errors=True)
