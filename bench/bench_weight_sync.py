@@ -22,7 +22,7 @@ import time
 import ray
 
 from satseq.actors.learner import Learner
-from satseq.actors.learner.group import learner_actors
+from satseq.actors.learner.handle import learner_actors
 from satseq.actors.weight_transfer import bucket_plan
 from satseq.cluster.recipes import RECIPES
 from satseq.cluster.team import start_on_ray

@@ -20,7 +20,7 @@ import torch
 
 from satseq.actors.incarnation import check_not_restarted, incarnations
 from satseq.actors.learner import Learner
-from satseq.actors.learner.group import learner_actors
+from satseq.actors.learner.handle import learner_actors
 from satseq.actors.rollout import RolloutWorker
 from satseq.cluster.checkpoint import learner_state_path, load_latest_run_state, save_run_state
 from satseq.cluster.faults import (
@@ -117,7 +117,9 @@ class Coordinator:
         self.faults.recovery_seconds += time.perf_counter() - started
 
     def _learner_actors(self) -> list[Any]:
-        return [actor for learner in self.runtime.learners for actor in learner_actors(learner)]
+        """Every learner's Ray actors, each once (the LoRA agents of one base share one)."""
+        actors = [actor for learner in self.runtime.learners for actor in learner_actors(learner)]
+        return list({actor._actor_id: actor for actor in actors}.values())
 
     def _team_actors(self) -> list[Any]:
         return self._learner_actors() + self.runtime.rollouts

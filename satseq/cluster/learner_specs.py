@@ -9,10 +9,13 @@ Each learner setting comes from one section: the policy loss from the recipe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from satseq.actors.learner.specs import LearnerSpec, LossSpec, OptimizerSpec, TrustRegionSpec
 from satseq.config import RunConfig
 from satseq.config.schema import KLControlConfig, TrainerConfig
+from satseq.models import is_adapter_dir
+from satseq.models.adapters import adapter_base
 from satseq.seeds import agent_seed
 
 
@@ -100,3 +103,21 @@ def learner_spec(
 def agent_workers(config: RunConfig, agent_index: int) -> int:
     """W, agent `agent_index`'s learner ranks."""
     return config.team.agents[agent_index].workers or config.trainer.workers_per_agent
+
+
+def learner_hosts(config: RunConfig, model_dirs: list[str]) -> list[list[int]]:
+    """The team's learner processes by the agents each holds (agent i on `model_dirs[i]`): with
+    `trainer.share_lora_learners`, the LoRA agents of one base share one; every other agent
+    has its own (W of them, sharded). In team order of each process's first agent."""
+    hosts: list[list[int]] = []
+    by_base: dict[Path, list[int]] = {}
+    for i, directory in enumerate(model_dirs):
+        if not (config.trainer.share_lora_learners and is_adapter_dir(directory)):
+            hosts.append([i])
+            continue
+        base = adapter_base(directory)
+        if base not in by_base:
+            by_base[base] = []
+            hosts.append(by_base[base])
+        by_base[base].append(i)
+    return hosts

@@ -1,7 +1,9 @@
 """Where actors run: one placement group for the whole team, built here and only here.
 
-Bundles: one per learner (a GPU when the cluster has one and the config asks for it, CPU
-otherwise), then one per rollout actor. The coordinator itself takes no resources.
+Bundles: one per learner process (a GPU when the cluster has one and the config asks for it,
+CPU otherwise): a rank of each agent's, where the LoRA agents of one base share a process one
+(`learner_specs.learner_hosts`); then one per rollout actor. The coordinator itself takes no
+resources.
 """
 
 from __future__ import annotations
@@ -25,15 +27,15 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TeamPlacement:
     group: PlacementGroup
-    learner_bundles: list[list[int]]  # agent i's ranks' bundles
+    learner_bundles: list[list[int]]  # agent i's ranks' bundles (agents of one host: the same)
     learner_gpus: float
     rollout_gpus: float
     overlapped: bool = False  # `rollout.max_staleness` ≥ 1: generation runs during updates
 
     @property
     def n_learners(self) -> int:
-        """Learner bundles: one per rank of every agent."""
-        return sum(len(bundles) for bundles in self.learner_bundles)
+        """Learner bundles: one per learner process."""
+        return _count(self.learner_bundles)
 
     @property
     def learner_device(self) -> str:
@@ -128,17 +130,36 @@ def _bundle(resources: EngineResources, cluster_has_gpu: bool, role: str) -> dic
     return bundle
 
 
-def place_team(config: RunConfig, timeout_s: float = 120.0) -> TeamPlacement:
-    """Reserve the team's resources, or fail with what is missing. A sharded agent's ranks get
-    a bundle each, next to each other: PACK puts them on one node where they fit."""
+def agent_bundles(hosts: list[list[int]], workers: list[int]) -> list[list[int]]:
+    """Each agent's learner bundles, numbered in `hosts`' order: the agents of one host share
+    its one bundle; an agent alone in its process has one per rank (`workers[i]`)."""
+    bundles: list[list[int]] = [[] for _ in workers]
+    start = 0
+    for agents in hosts:
+        ranks = workers[agents[0]] if len(agents) == 1 else 1
+        for i in agents:
+            bundles[i] = list(range(start, start + ranks))
+        start += ranks
+    return bundles
+
+
+def _count(learner_bundles: list[list[int]]) -> int:
+    return len({bundle for bundles in learner_bundles for bundle in bundles})
+
+
+def place_team(
+    config: RunConfig, hosts: list[list[int]] | None = None, timeout_s: float = 120.0
+) -> TeamPlacement:
+    """Reserve the team's resources, or fail with what is missing: a bundle per learner process
+    of `hosts` (the agents each holds; default: a process each) and per rollout actor. A
+    sharded agent's ranks get a bundle each, next to each other: PACK puts them on one node
+    where they fit."""
     cluster_has_gpu = ray.cluster_resources().get("GPU", 0) > 0
     workers = [agent_workers(config, i) for i in range(len(config.team.agents))]
+    learner_bundles = agent_bundles(hosts or [[i] for i in range(len(workers))], workers)
     learners = [
-        _bundle(config.trainer.resources, cluster_has_gpu, "a learner") for _ in range(sum(workers))
-    ]
-    starts = [sum(workers[:i]) for i in range(len(workers))]
-    learner_bundles = [
-        list(range(start, start + w)) for start, w in zip(starts, workers, strict=True)
+        _bundle(config.trainer.resources, cluster_has_gpu, "a learner")
+        for _ in range(_count(learner_bundles))
     ]
     rollouts = [
         _bundle(config.rollout.resources, cluster_has_gpu, "a rollout actor")

@@ -5,16 +5,25 @@ from __future__ import annotations
 
 import logging
 from itertools import count
+from typing import Any
 
 import ray
 
 from satseq.actors.calls import InProcessCalls, RayCalls
 from satseq.actors.learner import Learner
-from satseq.actors.learner.actor import LearnerActor
-from satseq.actors.learner.group import learner_actors, start_learner_group
+from satseq.actors.learner.actor import LearnerActor, LearnerHostActor
+from satseq.actors.learner.group import start_learner_group
+from satseq.actors.learner.handle import learner_actors
+from satseq.actors.learner.host import HostedLearner
+from satseq.actors.learner.specs import LearnerSpec
 from satseq.actors.rollout import RolloutWorker
 from satseq.cluster.faults import RESTARTED_ACTOR
-from satseq.cluster.learner_specs import LearnerSettings, agent_workers, learner_spec
+from satseq.cluster.learner_specs import (
+    LearnerSettings,
+    agent_workers,
+    learner_hosts,
+    learner_spec,
+)
 from satseq.cluster.placement import place_team
 from satseq.cluster.runtime import TeamRuntime
 from satseq.config import RunConfig
@@ -27,11 +36,13 @@ log = logging.getLogger(__name__)
 
 
 def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
-    """The team on Ray, in the run's one placement group: a `LearnerActor` per agent, the
+    """The team on Ray, in the run's one placement group: a `LearnerActor` per agent (a
+    `LearnerHostActor` for the LoRA agents of one base, `learner_specs.learner_hosts`), the
     rollout actors and, with tools, the sandbox pool (`satseq train`). Ray restarts any of them
     that dies (`satseq.cluster.faults`)."""
     agents, model_paths = _team(config)
-    placement = place_team(config)
+    hosts = learner_hosts(config, model_paths)
+    placement = place_team(config, hosts)
     weight_transfer = placement.weight_transfer(config)
     log.info(
         "weight sync: %s",
@@ -44,29 +55,43 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
     )
     generation = count()  # a swapped-in learner's actor gets a name of its own
 
+    def spec(i: int, path: str | None = None) -> LearnerSpec:
+        threads = placement.learner_threads(i)
+        model_dir = agent_model_dir(config, i, path)
+        return learner_spec(config, i, settings, placement.learner_device, threads, model_dir)
+
+    hosts_of: dict[int, Any] = {}  # agent → the `LearnerHostActor` that holds its learner
+
     def start_learner(i: int, path: str | None = None):
-        """Agent i's `LearnerActor`, or its `LearnerGroup` of W sharded ranks."""
+        """Agent i's `LearnerActor`, its `LearnerGroup` of W sharded ranks, or its learner in
+        its host (a swapped-in learner takes its predecessor's place there)."""
+        if i in hosts_of:
+            ray.get(hosts_of[i].add.remote(spec(i, path)))
+            return HostedLearner(hosts_of[i], i)
         name = f"satseq-learner-{agents[i]}" + ("" if path is None else f"-{next(generation)}")
-        spec = learner_spec(
-            config,
-            i,
-            settings,
-            placement.learner_device,
-            placement.learner_threads(i),
-            model_path=agent_model_dir(config, i, path),
-        )
-        if spec.workers == 1:
+        agent_spec = spec(i, path)
+        if agent_spec.workers == 1:
             options = placement.learner_options(i) | RESTARTED_ACTOR
-            return LearnerActor.options(name=name, **options).remote(spec)
+            return LearnerActor.options(name=name, **options).remote(agent_spec)
         return start_learner_group(
-            spec,
+            agent_spec,
             [
                 {"name": f"{name}-rank{r}"} | placement.learner_options(i, r) | RESTARTED_ACTOR
-                for r in range(spec.workers)
+                for r in range(agent_spec.workers)
             ],
         )
 
-    learners = [start_learner(i) for i in range(len(agents))]
+    learners: list[Any] = [None] * len(agents)
+    for held in hosts:
+        if len(held) == 1:
+            learners[held[0]] = start_learner(held[0])
+            continue
+        name = "satseq-learners-" + "-".join(agents[i] for i in held)
+        options = placement.learner_options(held[0]) | RESTARTED_ACTOR
+        host = LearnerHostActor.options(name=name, **options).remote([spec(i) for i in held])
+        for i in held:
+            hosts_of[i] = host
+            learners[i] = HostedLearner(host, i)
     rollouts = start_rollout_actors(
         config,
         dict(zip(agents, model_paths, strict=True)),
@@ -86,10 +111,17 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
         sandbox,
         weight_transfer=weight_transfer,
         start_learner=start_learner,
-        stop_learner=lambda learner: [
-            ray.kill(actor, no_restart=True) for actor in learner_actors(learner)
-        ],
+        stop_learner=_stop_learner,
     )
+
+
+def _stop_learner(learner: Any) -> None:
+    """Kill a learner's actors; a hosted learner leaves its host, which stays for the others."""
+    if isinstance(learner, HostedLearner):
+        ray.get(learner.host.drop.remote(learner.agent))
+        return
+    for actor in learner_actors(learner):
+        ray.kill(actor, no_restart=True)
 
 
 def start_in_process(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:

@@ -111,10 +111,16 @@ class TrainerConfig(Section):
     )
     seed: int = Field(0, description="seeds prompt order, the scheduler, sampling, learners")
     resources: EngineResources = Field(
-        default_factory=EngineResources, description="each learner rank's bundle"
+        default_factory=EngineResources,
+        description="each learner process's bundle (a rank's, or the shared LoRA learners')",
     )
     lora: LoraConfig | None = Field(
         None, description="every agent a LoRA adapter on its path, unless team.agents[i].lora says"
+    )
+    share_lora_learners: bool = Field(
+        True,
+        description="the LoRA agents of one base share one learner process (one interpreter, "
+        "torch and base; their calls take turns); false: a process each",
     )
 
     @model_validator(mode="before")

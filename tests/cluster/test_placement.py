@@ -4,9 +4,15 @@ many learner ranks each agent has, and which path weights take to the engines.""
 import pytest
 
 from satseq.actors.learner import LossSpec, TrustRegionSpec
-from satseq.cluster.learner_specs import LearnerSettings, agent_workers, learner_spec
-from satseq.cluster.placement import TeamPlacement, learner_threads
+from satseq.cluster.learner_specs import (
+    LearnerSettings,
+    agent_workers,
+    learner_hosts,
+    learner_spec,
+)
+from satseq.cluster.placement import TeamPlacement, agent_bundles, learner_threads
 from satseq.config import QUICKSTART, load_config
+from satseq.launch.agent_models import agent_model_dirs
 
 
 def test_a_lone_learner_takes_the_rollout_actors_cpus_on_its_node():
@@ -38,6 +44,31 @@ def test_an_agent_takes_its_own_workers_or_the_trainers():
     settings = LearnerSettings(LossSpec(), TrustRegionSpec())
     specs = [learner_spec(config, i, settings, "cpu", 1) for i in range(3)]
     assert [spec.workers for spec in specs] == [2, 4, 2]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "hosts"),
+    [
+        ([], [[0, 1, 2]]),  # one base: one process
+        (["team.agents.1.lora=false"], [[0, 2], [1]]),  # a full agent has its own
+        (["team.agents.2.path=builtin:tiny-carry-1"], [[0, 1], [2]]),  # another base
+        (["trainer.share_lora_learners=false"], [[0], [1], [2]]),
+    ],
+)
+def test_the_lora_agents_of_one_base_share_a_learner_process(builtin_models, overrides, hosts):
+    one_base = [f"team.agents.{i}.path=builtin:tiny-carry-0" for i in (1, 2)]
+    config = load_config(QUICKSTART, ["trainer.lora.rank=8", *one_base, *overrides])
+    assert learner_hosts(config, agent_model_dirs(config)) == hosts
+    full = load_config(QUICKSTART, one_base)
+    assert learner_hosts(full, agent_model_dirs(full)) == [[0], [1], [2]]
+
+
+def test_the_agents_of_one_process_share_its_bundle_and_a_sharded_agent_has_one_a_rank():
+    assert agent_bundles([[0, 2], [1]], [1, 1, 1]) == [[0], [1], [0]]
+    assert agent_bundles([[0, 1], [2]], [1, 1, 3]) == [[0], [0], [1, 2, 3]]
+    assert agent_bundles([[0], [1]], [2, 1]) == [[0, 1], [2]]
+    placement = TeamPlacement(None, agent_bundles([[0, 1, 2]], [1, 1, 1]), 0.0, 0.0)
+    assert placement.n_learners == 1  # the rollout actors' bundles start at 1
 
 
 @pytest.mark.parametrize(

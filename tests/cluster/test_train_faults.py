@@ -79,9 +79,9 @@ def straight_metrics(straight_run):
     return read_metrics(straight_run)
 
 
-def start_run(output_dir: Path, *extra: str) -> subprocess.Popen:
+def start_run(output_dir: Path, *extra: str, stages: int = STRAIGHT_STAGES) -> subprocess.Popen:
     return subprocess.Popen(
-        train_command(output_dir, STRAIGHT_STAGES, *extra),
+        train_command(output_dir, stages, *extra),
         env=run_env(),
         start_new_session=True,
         stdout=subprocess.DEVNULL,
@@ -247,3 +247,31 @@ def test_the_run_finishes_when_the_node_of_its_actors_is_removed(tmp_path, built
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
         cluster.shutdown()
+
+
+ONE_BASE_LORA = (  # three LoRA agents on one base: their learners share one process
+    "--set", "trainer.lora.rank=8",
+    "--set", "team.agents.1.path=builtin:tiny-carry-0",
+    "--set", "team.agents.2.path=builtin:tiny-carry-0",
+)  # fmt: skip
+
+
+def test_the_lora_learners_shared_process_killed_mid_call_restores_every_agent_it_held(tmp_path):
+    """The LoRA agents of one base have one learner process (`LearnerHost`), and no other
+    learner runs. Killed in stage 1 mid-call, it takes all three agents' learners with it: Ray
+    restarts it, every agent is restored from stage 0's checkpoint, and the run's metrics are
+    the uninterrupted run's."""
+    reference = tmp_path / "reference"
+    subprocess.run(train_command(reference, 2, *ONE_BASE_LORA), check=True, env=run_env())
+    killed = tmp_path / "killed"
+    driver = start_run(killed, *ONE_BASE_LORA, stages=2)
+    wait_for_stages(killed, 1, driver)
+    host = wait_for_process(driver, "ray::LearnerHost.call")
+    assert actor_processes(driver, "LearnerHost") == {host}
+    assert actor_processes(driver, "Learner") == set()  # no learner of its own
+    os.kill(host, signal.SIGKILL)
+    finish(driver)
+    metrics, expected = read_metrics(killed), read_metrics(reference)
+    assert [without_faults(m) for m in metrics] == [without_faults(m) for m in expected]
+    assert all(m[f"accepted/{a}"] > 0 for m in metrics for a in ("a0", "a1", "a2"))
+    assert [m["faults/learner"] for m in metrics] == [0, 1]

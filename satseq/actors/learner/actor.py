@@ -2,8 +2,10 @@
 
 import ray
 
+from satseq.actors.learner.host import LearnerHost
 from satseq.actors.learner.learner import Learner
 from satseq.actors.learner.rank import LearnerRank
 
 LearnerActor = ray.remote(Learner)
 LearnerRankActor = ray.remote(LearnerRank)
+LearnerHostActor = ray.remote(LearnerHost)

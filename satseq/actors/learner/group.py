@@ -24,6 +24,7 @@ import ray
 
 from satseq.actors.incarnation import check_not_restarted, incarnations
 from satseq.actors.learner.actor import LearnerRankActor
+from satseq.actors.learner.handle import LearnerHandle
 from satseq.actors.learner.specs import LearnerSpec
 
 
@@ -33,7 +34,7 @@ def _rank_zero(*results: Any) -> Any:
     return results[0]
 
 
-class LearnerGroup:
+class LearnerGroup(LearnerHandle):
     """An agent's learner ranks, called as one learner."""
 
     def __init__(self, ranks: list[Any]):
@@ -41,10 +42,18 @@ class LearnerGroup:
         self.formed: list[Any] = []
         """Each rank's incarnation when the group last formed (pending results until asked)."""
 
-    def __getattr__(self, method: str) -> _GroupMethod:
-        if method.startswith("_"):
-            raise AttributeError(method)
-        return _GroupMethod(self, method)
+    @property
+    def actors(self) -> list[Any]:
+        return self.ranks
+
+    def call(self, method: str, options: dict[str, Any], args: tuple) -> Any:
+        if method == "ready":  # (re-)form the group: see the module docstring
+            return self.form()
+        self.check_formed()
+        calls = [getattr(rank, method).options(**options).remote(*args) for rank in self.ranks]
+        if options.get("num_returns") == "streaming":
+            return _rank_zero_stream(calls)
+        return _rank_zero.remote(*calls)
 
     def form(self) -> Any:
         """(Re-)form the ranks' process group; rank 0's answer to `join_group`."""
@@ -60,28 +69,6 @@ class LearnerGroup:
         check_not_restarted(incarnations(self.ranks, self.formed), incarnations(self.ranks))
 
 
-class _GroupMethod:
-    def __init__(self, group: LearnerGroup, method: str, options: dict[str, Any] | None = None):
-        self.group = group
-        self.method = method
-        self.options_ = options or {}
-
-    def options(self, **options: Any) -> _GroupMethod:
-        return _GroupMethod(self.group, self.method, options)
-
-    def remote(self, *args: Any) -> Any:
-        if self.method == "ready":  # (re-)form the group: see the module docstring
-            return self.group.form()
-        self.group.check_formed()
-        calls = [
-            getattr(rank, self.method).options(**self.options_).remote(*args)
-            for rank in self.group.ranks
-        ]
-        if self.options_.get("num_returns") == "streaming":
-            return _rank_zero_stream(calls)
-        return _rank_zero.remote(*calls)
-
-
 def _rank_zero_stream(streams: list[Any]) -> Iterator[Any]:
     """Rank 0's streamed results as they come, then the other ranks' ends (they stream
     nothing; an error of theirs is raised here)."""
@@ -89,11 +76,6 @@ def _rank_zero_stream(streams: list[Any]) -> Iterator[Any]:
     for stream in streams[1:]:
         for ref in stream:
             ray.get(ref)
-
-
-def learner_actors(learner: Any) -> list[Any]:
-    """The Ray actors behind a learner handle: a group's ranks, or the actor itself."""
-    return learner.ranks if isinstance(learner, LearnerGroup) else [learner]
 
 
 def start_learner_group(spec: LearnerSpec, rank_options: list[dict[str, Any]]) -> LearnerGroup:

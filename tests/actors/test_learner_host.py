@@ -1,0 +1,95 @@
+"""The LoRA learners of one base in one process (`LearnerHost`, DESIGN §12): each hosted
+learner steps, saves and resumes exactly as it would alone (its own random stream), and on Ray
+each agent's `HostedLearner` is called as its own learner actor would be: calls, streamed
+weights, the actor fault handling watches, a swap in place."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from satseq.actors.calls import RayCalls
+from satseq.actors.learner import Learner, LearnerSpec, OptimizerSpec, TrustRegionSpec
+from satseq.actors.learner.actor import LearnerHostActor
+from satseq.actors.learner.handle import learner_actors
+from satseq.actors.learner.host import HostedLearner, LearnerHost
+from satseq.models.adapters import LoraSpec, initial_adapter
+from tests.actors.test_learner import trajectories
+
+A = torch.tensor([1.0, -1.0, 1.0, -1.0])
+ONES = torch.ones(4)
+
+
+@pytest.fixture(scope="module")
+def specs(raw_tiny_model, tmp_path_factory) -> list[LearnerSpec]:
+    """Two LoRA agents on the tiny base (ranks 4 and 8), one optimiser step a trajectory in a
+    shuffled order: every update draws from the learner's random stream."""
+    cache = tmp_path_factory.mktemp("adapters")
+    return [
+        LearnerSpec(
+            model_path=str(initial_adapter(raw_tiny_model, LoraSpec(rank, 2.0 * rank), i, cache)),
+            agent_index=i,
+            seed=100 + i,
+            micro_batch_size=4,
+            mini_batch_size=1,
+            optimizer=OptimizerSpec(lr=1e-2),
+            trust_region=TrustRegionSpec(target_kl=10.0, max_backtracks=1),
+        )
+        for i, rank in enumerate((4, 8))
+    ]
+
+
+def batch_of(agent: int, learner_or_tokenizer) -> list:
+    tokenizer = getattr(learner_or_tokenizer, "policy", None)
+    return trajectories(tokenizer.tokenizer if tokenizer else learner_or_tokenizer, (agent,) * 4)
+
+
+def test_hosted_learners_step_and_save_as_each_would_alone(specs, tmp_path):
+    host = LearnerHost(specs)
+    batches = [batch_of(i, host.learners[i]) for i in (0, 1)]
+    host.call(0, "update", batches[0], None, A, ONES)
+    host.call(1, "update", batches[1], None, A, ONES)  # between agent 0's two updates
+    host.call(0, "update", batches[0], None, A, ONES)
+    hosted = [host.call(i, "save_state", str(tmp_path / f"hosted{i}.pt")) for i in (0, 1)]
+
+    for i, updates in ((0, 2), (1, 1)):  # each alone: nothing else draws from its stream
+        alone = Learner(specs[i])
+        for _ in range(updates):
+            alone.update(batches[i], None, A, ONES)
+        expected = torch.load(alone.save_state(str(tmp_path / f"alone{i}.pt")), weights_only=False)
+        got = torch.load(hosted[i], weights_only=False)
+        assert torch.equal(got["rng"], expected["rng"])
+        assert set(got["model"]) == set(expected["model"])
+        assert all(torch.equal(got["model"][k], v) for k, v in expected["model"].items())
+
+
+def test_a_hosted_learner_is_called_on_ray_as_its_own_actor(ray_cluster, specs):
+    host = LearnerHostActor.remote(specs)
+    handles = [HostedLearner(host, i) for i in (0, 1)]
+    calls = RayCalls()
+    assert calls.wait([h.ready.remote() for h in handles]) == [True, True]
+    assert [learner_actors(h) for h in handles] == [[host], [host]]  # what faults watch
+    alone = Learner(specs[1])
+    batch = batch_of(1, alone)
+    (logp,) = calls.wait([calls.start(handles[1], Learner.logprobs, batch)])
+    assert torch.equal(logp, alone.logprobs(batch))
+
+    streamed = {}  # the push's path: a streaming call through the host
+    for ref in calls.stream(handles[1], Learner.weight_buckets, 64.0):
+        streamed |= calls.wait([ref])[0]
+    expected = alone.weights()
+    assert set(streamed) == set(expected)
+    assert all(torch.equal(streamed[k], v) for k, v in expected.items())
+
+    # a swap in place: agent 0 leaves the host and its successor (rank 8) takes its index
+    calls.wait([host.drop.remote(0)])
+    swapped = dataclasses.replace(specs[1], agent_index=0)
+    calls.wait([host.add.remote(swapped)])
+    weights = calls.wait([calls.start(handles[0], Learner.weights)])[0]
+    assert {tuple(t.shape) for k, t in weights.items() if "lora_A" in k} == {
+        tuple(t.shape) for k, t in expected.items() if "lora_A" in k
+    }
+    assert (
+        calls.wait([handles[1].incarnation.remote(), host.incarnation.remote()])[0]
+        == (calls.wait([host.incarnation.remote()])[0])
+    )
