@@ -63,6 +63,29 @@ def test_hosted_learners_step_and_save_as_each_would_alone(specs, tmp_path):
         assert all(torch.equal(got["model"][k], v) for k, v in expected["model"].items())
 
 
+def base_storages(learner: Learner) -> dict[str, int]:
+    """Where each frozen base weight's memory is, by its base's name."""
+    return {
+        name.replace(".base_layer.", "."): param.untyped_storage().data_ptr()
+        for name, param in learner.policy.model.named_parameters()
+        if not param.requires_grad
+    }
+
+
+def test_the_hosted_lora_learners_of_one_base_hold_one_copy_of_it(specs, raw_tiny_model):
+    full = dataclasses.replace(specs[0], model_path=raw_tiny_model, agent_index=2)
+    host = LearnerHost([*specs, full])
+    first = base_storages(host.learners[0])
+    assert len(first) == 26 and base_storages(host.learners[1]) == first  # ranks 4 and 8
+    assert base_storages(host.learners[2]) == {}  # a full model trains every weight
+    full_weights = {
+        p.untyped_storage().data_ptr() for p in host.learners[2].policy.trainable_parameters()
+    }
+    assert not full_weights & set(first.values())
+    host.call(1, "reset")  # a new model: it shares the base again
+    assert base_storages(host.learners[1]) == first
+
+
 def test_a_hosted_learner_is_called_on_ray_as_its_own_actor(ray_cluster, specs):
     host = LearnerHostActor.remote(specs)
     handles = [HostedLearner(host, i) for i in (0, 1)]

@@ -5,7 +5,9 @@ agent's handle, called as that agent's own learner actor would be.
 
 Calls to the agents of one host take turns (Ray runs one call of an actor at a time). Each
 learner keeps its own torch random stream (the host swaps it in around each of its calls), so a
-hosted learner steps, saves and resumes exactly as it would in a process of its own.
+hosted learner steps, saves and resumes exactly as it would in a process of its own. The LoRA
+learners of one base hold one copy of its frozen weights (`AgentPolicy.share_base`): on the CPU
+they map one file anyway, on a GPU this is the difference between one copy and n.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class LearnerHost:
         self.learners: dict[int, Learner] = {}
         self.rng: dict[int, dict[str, Any]] = {}
         """Each learner's torch random state between its calls."""
+        self.shared: dict[int, Any] = {}
+        """Each learner's policy whose base is shared (a `reset` makes a new one)."""
         for spec in specs:
             self.add(spec)
 
@@ -38,11 +42,14 @@ class LearnerHost:
         """A learner for `spec`'s agent (in place of its old one: a swap)."""
         self.learners[spec.agent_index] = Learner(spec)  # seeds the global generator
         self.rng[spec.agent_index] = _rng_state()
+        self._share_base(spec.agent_index)
 
     def call(self, agent: int, method: str, *args: Any) -> Any:
         """Agent `agent`'s `Learner.<method>(*args)`."""
         with self._own_rng(agent):
-            return getattr(self.learners[agent], method)(*args)
+            result = getattr(self.learners[agent], method)(*args)
+        self._share_base(agent)
+        return result
 
     def stream(self, agent: int, method: str, *args: Any) -> Iterator[Any]:
         """Agent `agent`'s generator method, yielded through (a Ray streaming call)."""
@@ -51,7 +58,7 @@ class LearnerHost:
 
     def drop(self, agent: int) -> None:
         """Free agent `agent`'s learner (swapped out; `add` brings its successor)."""
-        del self.learners[agent], self.rng[agent]
+        del self.learners[agent], self.rng[agent], self.shared[agent]
         gc.collect()
         return_free_host_memory()
 
@@ -61,6 +68,18 @@ class LearnerHost:
     def incarnation(self) -> str:
         """The process the learners run in (`satseq.actors.incarnation`)."""
         return PROCESS_ID
+
+    def _share_base(self, agent: int) -> None:
+        """Agent `agent`'s base weights become another learner's copy of the same base, once
+        per policy it has (its first, and each that `reset` builds)."""
+        policy = self.learners[agent].policy
+        if self.shared.get(agent) is policy:
+            return
+        self.shared[agent] = policy
+        others = (learner.policy for i, learner in self.learners.items() if i != agent)
+        if any(policy.share_base(other) for other in others):
+            gc.collect()  # its own copy goes now, not at the next collection
+            return_free_host_memory()
 
     @contextlib.contextmanager
     def _own_rng(self, agent: int) -> Iterator[None]:

@@ -84,6 +84,26 @@ class AgentPolicy:
             spec.offload == "idle_agents" and not self.group.sharded,
         )
 
+    def share_base(self, other: AgentPolicy) -> bool:
+        """This LoRA agent's frozen base weights become `other`'s where `other` is a LoRA agent
+        on the same base, device and dtype: one copy of the base for the two (the agents of one
+        learner host). Whether they now share it."""
+        if self.lora is None or other.lora is None:
+            return False
+        if self.lora["base_model_name_or_path"] != other.lora["base_model_name_or_path"]:
+            return False
+        theirs = _frozen(other.model)
+        pairs = [(param, theirs.get(name)) for name, param in _frozen(self.model).items()]
+        if not all(
+            base is not None
+            and (base.shape, base.dtype, base.device) == (param.shape, param.dtype, param.device)
+            for param, base in pairs
+        ):
+            return False
+        for param, base in pairs:
+            param.data = base.data  # frozen: neither is ever written
+        return True
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """What the optimiser steps: every weight of a full model, a LoRA agent's adapter."""
         return [param for param in self.trunk.parameters() if param.requires_grad]
@@ -157,3 +177,13 @@ class AgentPolicy:
         """Back to the weights and optimiser state of `snapshot` (a backtrack)."""
         self.reshard()
         snapshot.restore(self.model, self.optimizer)
+
+
+def _frozen(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """A LoRA model's base weights by their base's names, whether or not peft wrapped their layer
+    (`q_proj.base_layer.weight` where the adapter targets q_proj, `q_proj.weight` where not)."""
+    return {
+        name.replace(".base_layer.", "."): param
+        for name, param in model.named_parameters()
+        if not param.requires_grad
+    }
