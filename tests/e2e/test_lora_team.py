@@ -3,9 +3,9 @@ small stage, trains three SmolLM2-135M adapters on one vLLM engine; each agent's
 an adapter directory that peft and vLLM load; `satseq eval` scores the team and `satseq serve`
 answers `/predict` with one engine for the three agents.
 
-Memory: the training run peaks at about 6.5 GB (the sum of its processes' proportional set
-sizes, `bench/bench_lora_team.py` with these settings), against ~15 GB for two full agents in
-tests/e2e/test_smollm2.py.
+Memory: the config's own first 2 stages peak at 5.7 GB (the sum of the run's processes'
+proportional set sizes, `bench/bench_lora_team.py`), this smaller stage below that, against
+~15 GB for two full agents in tests/e2e/test_smollm2.py.
 """
 
 from __future__ import annotations
