@@ -87,8 +87,7 @@ class LearnerHost:
         try:
             yield
         finally:
-            if agent in self.rng:
-                self.rng[agent] = _rng_state()
+            self.rng[agent] = _rng_state()
 
 
 def _rng_state() -> dict[str, Any]:
