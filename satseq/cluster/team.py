@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from itertools import count
 from typing import Any
 
@@ -24,7 +25,7 @@ from satseq.cluster.learner_specs import (
     learner_hosts,
     learner_spec,
 )
-from satseq.cluster.placement import place_team
+from satseq.cluster.placement import TeamPlacement, place_team
 from satseq.cluster.runtime import TeamRuntime
 from satseq.config import RunConfig
 from satseq.launch.actors import start_rollout_actors, start_sandbox_pool
@@ -53,6 +54,40 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
         if config.rollout.tools.enabled
         else None
     )
+    learners, start_learner = _start_learners(config, settings, agents, placement, hosts)
+    rollouts = start_rollout_actors(
+        config,
+        dict(zip(agents, model_paths, strict=True)),
+        config.trainer.seed,
+        lambda j: {"name": f"satseq-rollout-{j}"} | placement.rollout_options(j) | RESTARTED_ACTOR,
+        sandbox=sandbox,
+        weight_transfer=weight_transfer,
+    )
+    RayCalls().wait([learner.ready.remote() for learner in learners])
+    return _runtime(
+        config,
+        agents,
+        model_paths,
+        learners,
+        rollouts,
+        RayCalls(),
+        sandbox,
+        weight_transfer=weight_transfer,
+        start_learner=start_learner,
+        stop_learner=_stop_learner,
+    )
+
+
+def _start_learners(
+    config: RunConfig,
+    settings: LearnerSettings,
+    agents: list[str],
+    placement: TeamPlacement,
+    hosts: list[list[int]],
+) -> tuple[list[Any], Callable[..., Any]]:
+    """Every agent's learner, started: a `LearnerActor` (or W ranks) per process of `hosts` that
+    holds one agent, a `LearnerHostActor` per process that holds several; and
+    `start_learner(i, path)`, which starts agent i's learner anew (a swap)."""
     generation = count()  # a swapped-in learner's actor gets a name of its own
 
     def spec(i: int, path: str | None = None) -> LearnerSpec:
@@ -92,27 +127,7 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
         for i in held:
             hosts_of[i] = host
             learners[i] = HostedLearner(host, i)
-    rollouts = start_rollout_actors(
-        config,
-        dict(zip(agents, model_paths, strict=True)),
-        config.trainer.seed,
-        lambda j: {"name": f"satseq-rollout-{j}"} | placement.rollout_options(j) | RESTARTED_ACTOR,
-        sandbox=sandbox,
-        weight_transfer=weight_transfer,
-    )
-    RayCalls().wait([learner.ready.remote() for learner in learners])
-    return _runtime(
-        config,
-        agents,
-        model_paths,
-        learners,
-        rollouts,
-        RayCalls(),
-        sandbox,
-        weight_transfer=weight_transfer,
-        start_learner=start_learner,
-        stop_learner=_stop_learner,
-    )
+    return learners, start_learner
 
 
 def _stop_learner(learner: Any) -> None:

@@ -39,9 +39,9 @@ def specs(raw_tiny_model, tmp_path_factory) -> list[LearnerSpec]:
     ]
 
 
-def batch_of(agent: int, learner_or_tokenizer) -> list:
-    tokenizer = getattr(learner_or_tokenizer, "policy", None)
-    return trajectories(tokenizer.tokenizer if tokenizer else learner_or_tokenizer, (agent,) * 4)
+def batch_of(agent: int, learner: Learner) -> list:
+    """Four trajectories that agent `agent` answered."""
+    return trajectories(learner.policy.tokenizer, (agent,) * 4)
 
 
 def test_hosted_learners_step_and_save_as_each_would_alone(specs, tmp_path):

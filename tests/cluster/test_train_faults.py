@@ -192,9 +192,11 @@ def test_learners_and_rollout_actors_killed_mid_call_or_between_calls_leave_the_
     assert [without_faults(m) for m in metrics] == [without_faults(m) for m in straight_metrics]
     assert any(m["accepted/a0"] > 0 for m in metrics)  # the runs learned: equality is not trivial
     assert metrics[0]["faults/learner"] == 1
-    # one check finds both restarts and names the first (learners are asked first)
-    assert sum(m["faults/learner"] for m in metrics[1:]) == 1
-    assert sum(m["faults/rollout"] for m in metrics) == 0
+    # one recovery finds both restarts, named after the first to surface: the incarnation
+    # check asks the learners first, but on a loaded machine the stage's first call can meet the
+    # restarted rollout actor before it (Ray: "the actor was restarted")
+    assert sum(m["faults/learner"] + m["faults/rollout"] for m in metrics[1:]) == 1
+    assert metrics[0]["faults/rollout"] == 0
     print(f"\nlearner killed mid-update: recovered in {metrics[0]['time/recovery']:.1f} s")
 
 
