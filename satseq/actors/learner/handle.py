@@ -8,24 +8,27 @@ what fault handling watches and kills) and how a call reaches them (`call`).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 
-class LearnerHandle:
+class LearnerHandle(ABC):
     """Answers any public method name with a call that `.options(...)` and `.remote(...)`
     take, as a Ray actor handle does."""
 
-    actors: list[Any]
-    """The Ray actors this learner runs in."""
+    @property
+    @abstractmethod
+    def actors(self) -> list[Any]:
+        """The Ray actors this learner runs in."""
 
-    def __getattr__(self, method: str) -> _Method:
-        if method.startswith("_") or method == "actors":
-            raise AttributeError(method)
-        return _Method(self, method, {})
-
+    @abstractmethod
     def call(self, method: str, options: dict[str, Any], args: tuple) -> Any:
         """Begin `method(*args)` with Ray's call `options`; a pending result (or a stream)."""
-        raise NotImplementedError
+
+    def __getattr__(self, method: str) -> _Method:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return _Method(self, method, {})
 
 
 class _Method:

@@ -110,7 +110,10 @@ class HostedLearner(LearnerHandle):
     def __init__(self, host: Any, agent: int):
         self.host = host
         self.agent = agent
-        self.actors = [host]
+
+    @property
+    def actors(self) -> list[Any]:
+        return [self.host]
 
     def call(self, method: str, options: dict[str, Any], args: tuple) -> Any:
         streaming = options.get("num_returns") == "streaming"
