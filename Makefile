@@ -31,8 +31,9 @@ test: sandbox-deps $(STAMP)
 	$(VENV)/bin/ruff check .
 	# docs/ (mkdocs.yml): a broken link, a missing anchor or a page left out of the nav fails
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
-	# the 25 slowest tests are listed at the end (where the suite's time goes)
-	$(PY) -m pytest --durations=25
+	# a worker per core as memory allows, a test file (or an xdist_group) at a time each
+	# (tests/conftest.py); the 25 slowest tests are listed at the end (where the time goes)
+	$(PY) -m pytest -n auto --dist loadgroup --durations=25
 
 install: $(STAMP)
 

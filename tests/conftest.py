@@ -1,8 +1,12 @@
-"""Fixtures shared across test packages."""
+"""Fixtures shared across test packages, and how `make test` spreads the suite over the
+machine's cores (pytest-xdist: `-n auto --dist loadgroup`)."""
 
+import os
 import subprocess
 import sys
+from collections import Counter
 
+import psutil
 import pytest
 import ray
 
@@ -11,6 +15,48 @@ from satseq.models import BUILTIN_MODELS, build_tiny_model, builtin_dir
 BUILD_BUILTINS = "import sys\nfrom satseq.models import resolve_builtin\n" + (
     "for name in sys.argv[1:]:\n    resolve_builtin(name)\n"
 )
+
+
+WORKER_PEAK_GIB = 10
+"""What one xdist worker may hold at its peak: the SmolLM2 end-to-end tests reach ~9 GiB."""
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: a worker per core, as many as the machine's memory holds at their peaks."""
+    memory_workers = psutil.virtual_memory().total // (WORKER_PEAK_GIB * 2**30)
+    return max(1, min(len(os.sched_getaffinity(0)), memory_workers))
+
+
+WHOLE_PACKAGES = ("tests/serving/",)
+"""Packages one worker runs whole: their package-scoped fixture (the served team) is built once
+a worker enters the package and torn down when it leaves."""
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup`: a worker takes a whole test file (its module fixtures built once), a
+    whole package of WHOLE_PACKAGES, or a whole `xdist_group` (tests that must not run beside
+    each other: tests/e2e's, which each need most of a worker's memory)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileOrGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = super()._split_scope(nodeid)
+            if group != nodeid:
+                return group
+            package = next((p for p in WHOLE_PACKAGES if nodeid.startswith(p)), None)
+            return package or nodeid.split("::", 1)[0]
+
+    return FileOrGroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, the files with the most slow tests first: a worker free at the end then
+    takes short files, not a training run that keeps the other waiting."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+        items.sort(key=lambda item: -slow[item.path])
 
 
 @pytest.fixture(scope="module")

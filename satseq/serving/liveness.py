@@ -15,7 +15,9 @@ A replica is suspected lost
 
 Then the agent is probed (`ready`): if it answers within RETRY_GRACE_S (another replica took
 over), nothing changes but that the calls which lost their replica are sent again, once;
-otherwise the agent is down: the calls waiting on it are given up, and new ones skip it.
+otherwise the agent is down: the calls waiting on it are given up, and new ones skip it. An
+answer to any call while it is probed counts as the probe's: a surviving replica under load
+answers calls while the probe waits in its queue behind them.
 """
 
 from __future__ import annotations
@@ -169,6 +171,8 @@ class AgentLiveness:
         error = result.exception()
         if error is None:
             self.answered_at = time.monotonic()
+            if self.is_probed:  # a replica answered since the suspicion: up, as a probe says
+                self._come_up()
             return result.result()
         if replica_lost(error) and sent_at >= self.up_since:  # else: news of an old replica
             self._suspect_lost(f"{type(error).__name__}: its replica was lost")
@@ -211,12 +215,14 @@ class AgentLiveness:
         self.up_gauge.set(0)
 
     async def _probe_until_up(self) -> None:
-        while True:
+        while self.is_probed:  # (an answer to a call may have brought it up first)
             try:
                 await asyncio.wait_for(awaited(self.handle.ready.remote()), PROBE_TIMEOUT_S)
-                break
+                self._come_up()
             except Exception:  # not back yet, whatever the reason: ask again
                 await asyncio.sleep(PROBE_PAUSE_S)
+
+    def _come_up(self) -> None:
         self.down_reason = None
         self.up_since = self.answered_at = time.monotonic()
         self._down.clear()

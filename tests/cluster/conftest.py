@@ -1,5 +1,6 @@
 """Fixtures for end-to-end training runs."""
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from tests.cluster.runs import (
     spo_run_args,
     train_command,
 )
+from tests.run_once import built_once
 
 
 @pytest.fixture(scope="session")
@@ -19,22 +21,28 @@ def straight_run(tmp_path_factory, builtin_models) -> Path:
     """An uninterrupted short quickstart run of STRAIGHT_STAGES stages: the reference that the
     resume and fault tests hold their interrupted runs against (one run serves them all), and
     the run that every tracker logs (`test_trackers`)."""
-    output_dir = tmp_path_factory.mktemp("straight")
     trackers = ["--set", "output.trackers=[tensorboard, mlflow, wandb]"]
-    command = train_command(output_dir, STRAIGHT_STAGES, *trackers)
-    # offline even where a developer's W&B API key is set: the test reads the run's files
-    subprocess.run(command, check=True, timeout=600, env=run_env() | {"WANDB_MODE": "offline"})
-    return output_dir
+
+    def train(output_dir: Path) -> None:
+        command = train_command(output_dir, STRAIGHT_STAGES, *trackers)
+        # offline even where a developer's W&B API key is set: the test reads the run's files
+        env = run_env() | {"WANDB_MODE": "offline"}
+        subprocess.run(command, check=True, timeout=600, env=env)
+
+    return built_once(tmp_path_factory, "straight", train)
 
 
 @pytest.fixture(scope="session")
 def spo_run(tmp_path_factory, builtin_models) -> tuple[Path, list[str]]:
     """An uninterrupted SPO run of SPO_STAGES stages with offline priors, and the arguments that
     made it: what `test_train_spo` checks, and the reference of SPO's resume test."""
-    root = tmp_path_factory.mktemp("spo")
-    args = spo_run_args(root)
-    output_dir = root / "run"
-    subprocess.run(
-        train_command(output_dir, SPO_STAGES, *args), check=True, timeout=600, env=run_env()
-    )
-    return output_dir, args
+
+    def train(root: Path) -> None:
+        args = spo_run_args(root)
+        (root / "args.json").write_text(json.dumps(args))
+        subprocess.run(
+            train_command(root / "run", SPO_STAGES, *args), check=True, timeout=600, env=run_env()
+        )
+
+    root = built_once(tmp_path_factory, "spo", train)
+    return root / "run", json.loads((root / "args.json").read_text())

@@ -1,11 +1,15 @@
 """`ray job submit --working-dir . -- satseq train ...` against a local `ray start --head`."""
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.cluster.runs import SHORT_RUN, free_port, read_metrics, run_env
@@ -15,8 +19,29 @@ RAY = str(Path(sys.executable).parent / "ray")
 REPO = Path(__file__).resolve().parents[2]
 
 
+def stop_head(temp_dir: str) -> None:
+    """SIGKILL the head started with `--temp-dir temp_dir` and every process under it (`ray
+    stop` would stop every Ray instance on the machine, another test's too)."""
+    head = [
+        process
+        for process in psutil.process_iter(["cmdline"])
+        if any(temp_dir in argument for argument in process.info["cmdline"] or ())
+    ]
+    processes = set(head)
+    for process in head:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            processes.update(process.children(recursive=True))
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(processes, timeout=60)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
 def test_ray_job_submit_runs_training_on_a_loopback_cluster(tmp_path, builtin_models):
     gcs_port, dashboard_port = free_port(), free_port()
+    # Ray's sockets live under the temp dir, whose path must stay short (108 bytes a socket)
+    temp_dir = tempfile.mkdtemp(prefix="satseq-ray-")
     # Ray's token authentication, as a real cluster runs it: the head and the CLI share a token.
     # The cluster's PATH has satseq on it, as an image with the project installed does.
     venv_bin = str(Path(sys.executable).parent)
@@ -35,7 +60,11 @@ def test_ray_job_submit_runs_training_on_a_loopback_cluster(tmp_path, builtin_mo
             "--include-dashboard=true",
             "--dashboard-host=127.0.0.1",
             f"--dashboard-port={dashboard_port}",
+            # the job agent's HTTP port: Ray's default (52365) is taken whenever another Ray
+            # instance runs on the machine (a test beside this one), and then no job is taken
+            f"--dashboard-agent-listen-port={free_port()}",
             "--disable-usage-stats",
+            f"--temp-dir={temp_dir}",
         ],
         check=True,
         timeout=180,
@@ -71,4 +100,4 @@ def test_ray_job_submit_runs_training_on_a_loopback_cluster(tmp_path, builtin_mo
         assert "succeeded" in job.stdout
         assert [m["stage"] for m in read_metrics(output_dir)] == [0]
     finally:
-        subprocess.run([RAY, "stop", "--force"], timeout=120, env=env)
+        stop_head(temp_dir)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.observed_run import REPO
+from tests.run_once import built_once
 
 
 @dataclass(frozen=True)
@@ -18,11 +19,9 @@ class ObservedRun:
 
 @pytest.fixture(scope="session")
 def observed_run(tmp_path_factory, builtin_models) -> ObservedRun:
-    out = tmp_path_factory.mktemp("observed")
-    subprocess.run(
-        [sys.executable, "-m", "tests.deploy.observed_run", str(out)],
-        cwd=REPO,
-        check=True,
-        timeout=1200,
-    )
+    def observe(out: Path) -> None:
+        command = [sys.executable, "-m", "tests.deploy.observed_run", str(out)]
+        subprocess.run(command, cwd=REPO, check=True, timeout=1200)
+
+    out = built_once(tmp_path_factory, "observed", observe)
     return ObservedRun(out / "run", (out / "ray_metrics.txt").read_text())

@@ -31,7 +31,8 @@ from satseq.serving.app import INGRESS, start_server
 from tests.cluster.runs import free_port
 from tests.e2e.test_smollm2 import satseq
 
-pytestmark = pytest.mark.slow
+# one SmolLM2 team at a time, on one xdist worker: each needs most of a worker's memory
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e")]
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "smollm2_lora.yaml"

@@ -35,7 +35,8 @@ from satseq.rewards.scorer import RewardScorer
 from tests.actors.test_engines import engine_logprobs, perturb_
 from tests.cluster.runs import free_port
 
-pytestmark = pytest.mark.slow
+# one SmolLM2 team at a time, on one xdist worker: each needs most of a worker's memory
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e")]
 
 ROOT = Path(__file__).resolve().parents[2]
 SATSEQ = str(Path(sys.executable).parent / "satseq")
