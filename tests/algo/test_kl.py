@@ -106,8 +106,9 @@ def test_dkw_quantile_covers_its_level_and_bounds_the_in_sample_one(values, alph
     def smallest_covering(level: float) -> float:  # min{x : N·F̂(x) ≥ N·level}, by counting
         return min(x for x in values if sum(v <= x for v in values) >= level * N - 1e-9)
 
-    assert q == smallest_covering(min(1 - alpha + dkw_slack(N, eta), 1.0))
-    assert float((seq_kl <= q).double().mean()) >= min(1 - alpha + dkw_slack(N, eta), 1.0) - 1e-9
+    level = min(1 - alpha + dkw_slack(N, eta), 1.0)
+    assert q == smallest_covering(level)
+    assert float((seq_kl <= q).double().mean()) >= level - 1e-9
     assert q >= smallest_covering(1 - alpha)
 
 
