@@ -2,12 +2,14 @@
 learner mid-stage, and a node removed from a 2-node cluster. Each test kills only processes of
 the run it started (descendants of its driver, or a node of its own cluster), by pid."""
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.cluster.runs import (
@@ -21,30 +23,14 @@ from tests.cluster.runs import (
 pytestmark = pytest.mark.slow
 
 
-def process_title(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return ""
-
-
-def parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def descendants(root: int) -> list[int]:
-    """The processes below `root` (the driver, and the Ray instance it started)."""
-    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-    found = []
-    for pid in pids:
-        ancestor = parent(pid)
-        while ancestor > 1 and ancestor != root:
-            ancestor = parent(ancestor)
-        if ancestor == root:
-            found.append(pid)
+def titles(root: int) -> dict[int, str]:
+    """The processes below `root` (the driver, and the Ray instance it started), by pid, with
+    their titles: one pass over /proc (psutil's parent map), however deep the tree."""
+    found = {}
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for process in psutil.Process(root).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found[process.pid] = " ".join(process.cmdline()).strip()  # Ray pads its titles
     return found
 
 
@@ -56,8 +42,8 @@ def wait_for_process(
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert driver.poll() is None, "the run ended before the process to kill appeared"
-        for pid in descendants(root or driver.pid):
-            if process_title(pid).startswith(title):
+        for pid, process_title in titles(root or driver.pid).items():
+            if process_title.startswith(title):
                 return pid
         time.sleep(0.05)
     raise AssertionError(f"no {title} process within {timeout_s} s")
@@ -146,9 +132,8 @@ def actor_processes(driver: subprocess.Popen, actor_class: str, idle: bool = Fal
     titles an idle actor's process `ray::<class>`, a busy one `ray::<class>.<method>`)."""
     return {
         pid
-        for pid in descendants(driver.pid)
-        if (title := process_title(pid)) == f"ray::{actor_class}"
-        or (not idle and title.startswith(f"ray::{actor_class}."))
+        for pid, title in titles(driver.pid).items()
+        if title == f"ray::{actor_class}" or (not idle and title.startswith(f"ray::{actor_class}."))
     }
 
 
