@@ -113,7 +113,9 @@ def _surrogate_reference(u, A, eps_low, eps_high, dual_clip):
 @settings(max_examples=200, deadline=None)
 @given(
     st.floats(-30, MAX_LOG_RATIO - 0.01),
-    st.floats(-10, 10),
+    # no subnormal A: r·A and clip(r)·A round to the same few bits there (5e-324 at r = 1.65,
+    # ε 0.5), so the reference's flag (clipped > unclipped) misses a clip the log-space flag sees
+    st.floats(-10, 10, allow_subnormal=False),
     st.floats(0.01, 0.9),
     st.floats(0.01, 0.9),
     st.none() | st.floats(1.5, 20),
