@@ -1,8 +1,9 @@
 """Engine against learner log-probs of a trained LoRA team: each agent's saved adapter of one
-stage of a run, sampled by the team's one engine at the run's temperature, then scored by a
-learner loaded from the same adapter directory. A gap near 0 says that what the engine samples
-is what the learner trains on (the adapter reached the engine unchanged); the `hf` engine is
-the reference measured in the same run.
+stage of a run, sampled as training samples it (a rollout worker with the team's one engine, at
+the run's temperature and seed), then scored by a learner loaded from the same adapter
+directory. A gap near 0 says that what the engine samples is what the learner trains on (the
+adapter reached the engine unchanged); the `hf` engine is the reference measured in the same
+run.
 
     python bench/lora_logprob_gap.py OUTPUT_DIR --stage 7                  # vllm and hf
     python bench/lora_logprob_gap.py OUTPUT_DIR --stage 7 --engines vllm --prompts 16
@@ -13,8 +14,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from satseq.actors.engines.lora import team_engines
 from satseq.actors.learner import Learner, LearnerSpec
+from satseq.actors.rollout import RolloutWorker
+from satseq.actors.topology import owner_rollouts
 from satseq.actors.trajectory import SamplingSpec, Trajectory
 from satseq.config import TRAIN_CONFIG, load_config
 from satseq.data import make_split
@@ -39,53 +41,47 @@ def main() -> None:
     adapters = {name: str(args.run / f"agent_{name}" / f"stage_{args.stage}") for name in agents}
     tokenizer = load_tokenizer(adapters[agents[0]])
     problems = make_split("test", args.prompts, difficulty=1, style="words")
-    prompts = [prompt_ids(tokenizer, problem, prompt_format(config)) for problem in problems]
+    run_prompt_format = prompt_format(config)
+    prompts = [prompt_ids(tokenizer, problem, run_prompt_format) for problem in problems]
     spec = SamplingSpec(
         temperature=config.rollout.temperature,
         max_new_tokens=args.max_new_tokens,
         behaviour_logprobs=True,
     )
+    learners = [
+        Learner(LearnerSpec(model_path=adapters[name], agent_index=k, temperature=spec.temperature))
+        for k, name in enumerate(agents)
+    ]
     print(f"{args.run} stage {args.stage}: {len(prompts)} prompts at T {spec.temperature}")
     print("| engine | agent | tokens | max gap | mean gap |")
     print("|---|---|---|---|---|")
+    every_agent = [list(range(len(agents)))] * len(prompts)  # each prompt once by each agent
+    unscored = [None] * len(prompts)
     for kind in args.engines:
-        seeds = {name: k for k, name in enumerate(agents)}
-        team = team_engines(kind, adapters, seeds, ENGINE_OPTIONS[kind])
+        worker = RolloutWorker(adapters, kind, ENGINE_OPTIONS[kind], config.trainer.seed)
         try:
-            for k, name in enumerate(agents):
-                gaps = logprob_gaps(team[name], adapters[name], k, prompts, spec)
-                print(
-                    f"| {kind} | {name} | {len(gaps)} | {max(gaps):.2e} | "
-                    f"{sum(gaps) / len(gaps):.2e} |"
-                )
+            sampled = owner_rollouts(
+                worker.generate, agents, lambda p, a: prompts[p], every_agent, unscored, spec
+            )
         finally:
-            for engine in team.values():
-                engine.close()
+            worker.close()
+        for k, (name, learner) in enumerate(zip(agents, learners, strict=True)):
+            gaps = logprob_gaps(learner, [t for t in sampled if t.owner_ids[0] == k])
+            print(
+                f"| {kind} | {name} | {len(gaps)} | {max(gaps):.2e} | {sum(gaps) / len(gaps):.2e} |"
+            )
 
 
-def logprob_gaps(engine, adapter: str, agent_index: int, prompts, spec) -> list[float]:
+def logprob_gaps(learner: Learner, trajectories: list[Trajectory]) -> list[float]:
     """|engine log-prob − learner log-prob| of every token the engine sampled."""
-    samples = [n_samples[0] for n_samples in engine.generate(prompts, spec)]
-    trajectories = [
-        Trajectory(
-            i,
-            prompts[i],
-            sample.token_ids,
-            [1] * len(sample.token_ids),
-            [agent_index] * len(sample.token_ids),
-            sample.finish_reason,
-        )
-        for i, sample in enumerate(samples)
-    ]
-    learner = Learner(
-        LearnerSpec(model_path=adapter, agent_index=agent_index, temperature=spec.temperature)
-    )
     learned = learner.logprobs(trajectories)
     return [
         abs(engine_logprob - learner_logprob)
-        for row, sample in enumerate(samples)
+        for row, trajectory in enumerate(trajectories)
         for engine_logprob, learner_logprob in zip(
-            sample.token_logprobs, learned[row, : len(sample.token_ids)].tolist(), strict=True
+            trajectory.behaviour_logprobs,
+            learned[row, : len(trajectory.response_ids)].tolist(),
+            strict=True,
         )
     ]
 
