@@ -95,12 +95,18 @@ def run(command: list[str], log: Path, watch: Callable[[int], Any] = MemoryPeak)
     return watcher, time.perf_counter() - started
 
 
+def eval_summary(checkpoint_dir: Path, out: Path, log: Path, *flags: str) -> dict:
+    """`satseq eval`'s summary.json for the team in `checkpoint_dir` on the held-out problems;
+    `flags` as `satseq eval` takes them (--stage, --against)."""
+    command = [SATSEQ, "eval", "--dataset", "synthetic:test", "--checkpoint-dir"]
+    run([*command, str(checkpoint_dir), "--output-dir", str(out), *flags], log)
+    return json.loads((out / "summary.json").read_text())
+
+
 def team_vote(checkpoint_dir: Path, out: Path, log: Path, stage: int | None = None) -> float:
     """The held-out team vote (maj@1, greedy) of the team in `checkpoint_dir`."""
-    command = [SATSEQ, "eval", "--dataset", "synthetic:test", "--checkpoint-dir"]
-    command += [str(checkpoint_dir), "--output-dir", str(out)]
-    run(command + (["--stage", str(stage)] if stage is not None else []), log)
-    return json.loads((out / "summary.json").read_text())["team_vote_accuracy"]
+    flags = ["--stage", str(stage)] if stage is not None else []
+    return eval_summary(checkpoint_dir, out, log, *flags)["team_vote_accuracy"]
 
 
 def base_team(config: Path, overrides: list[str], out_dir: Path) -> Path:
@@ -148,8 +154,12 @@ def measure(config: Path, seed: int, overrides: list[str], root: Path, vote: boo
     result |= phase_seconds(out / "metrics.jsonl")
     if vote:
         before = base_team(config, settings, out)
-        result["vote_before"] = team_vote(before, out / "eval_base", out / "eval_base.log")
-        result["vote_after"] = team_vote(out, out / "eval_last", out / "eval_last.log")
+        eval_summary(before, out / "eval_base", out / "eval_base.log")
+        against = ["--against", str(out / "eval_base")]
+        paired = eval_summary(out, out / "eval_last", out / "eval_last.log", *against)["against"]
+        result["vote_before"] = paired["accuracy_before"]
+        result["vote_after"] = paired["accuracy_after"]
+        result |= {key: paired[key] for key in ("gained", "lost", "p_value")}
     print(json.dumps(result), flush=True)
     return result
 
@@ -177,13 +187,14 @@ def main() -> None:
     baseline = results[0]
     print(f"\nbaseline: {baseline['run']}")
     columns = ["peak_gb", "train_s", *PHASES]
-    print("| run | " + " | ".join(columns) + " | vote before → after |")
+    print("| run | " + " | ".join(columns) + " | vote before → after (gained, lost; McNemar p) |")
     print("|---|" + "---|" * (len(columns) + 1))
     for result in results:
         cells = [f"{result[c]:.2f}" + ratio(result[c], baseline[c]) for c in columns]
         vote = (
             f"{result['vote_before']:.2f} → {result['vote_after']:.2f} "
-            f"({result['vote_after'] - result['vote_before']:+.2f})"
+            f"({result['vote_after'] - result['vote_before']:+.2f}; {result['gained']}, "
+            f"{result['lost']}; p {result['p_value']:.2g})"
             if "vote_after" in result
             else "-"
         )

@@ -1,9 +1,12 @@
-"""Evaluation metrics over k samples per problem: pass@k, avg@k, maj@k and the majority vote."""
+"""Evaluation metrics over k samples per problem: pass@k, avg@k, maj@k and the majority vote;
+and the sign test that compares two evaluations of the same problems."""
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 
 import numpy as np
 
@@ -91,3 +94,18 @@ def maj_at_k(
     if winner is None:
         return 0.0
     return float(bool(correct[answers.index(winner)]))
+
+
+def sign_test_p_value(gained: int, lost: int) -> float:
+    """McNemar's exact test of two evaluations on the same problems: the two-sided p-value of
+    `gained` problems right only in the second and `lost` right only in the first, under "each
+    discordant problem is equally likely to go either way" (Binomial(gained + lost, 1/2)).
+
+    p = min(1, 2 · P[X ≤ min(gained, lost)]), X ~ Binomial(gained + lost, 1/2); 1.0 with no
+    discordant problem. Exact in integers (`math.comb`), so large counts do not underflow.
+    """
+    if gained < 0 or lost < 0:
+        raise ValueError(f"sign test needs counts >= 0, got gained={gained}, lost={lost}")
+    n = gained + lost
+    tail = sum(math.comb(n, x) for x in range(min(gained, lost) + 1))
+    return min(1.0, float(Fraction(2 * tail, 2**n)))  # McNemar exact, two-sided

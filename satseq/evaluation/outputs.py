@@ -2,7 +2,8 @@
 
 `<output_dir>/predictions.jsonl`: one `ProblemResult.as_record()` per line;
 `summary.json`: `TeamEvaluation.summary()` plus what was evaluated, and with the tool loop
-  "tools": {"call_fraction", "calls_mean", "statuses"} (`actors.tool_loop.tool_usage`);
+  "tools": {"call_fraction", "calls_mean", "statuses"} (`actors.tool_loop.tool_usage`); with
+  `--against DIR`, "against": the team vote paired with DIR's (`compare.PairedVotes`);
 `inference_config.yaml`: the dataset, the agents' model dirs, the sampling, the resolved config.
 """
 
@@ -35,9 +36,10 @@ def write_outputs(
     output_dir: str | Path,
     evaluation: TeamEvaluation,
     inference_config: dict[str, Any],
-    tools: dict[str, Any] | None = None,
+    extras: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write the three files; returns the summary as written (with "tools" when given)."""
+    """Write the three files; returns the summary as written, with `extras` ("tools",
+    "against") added to it."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_predictions(out / PREDICTIONS, evaluation)
@@ -46,8 +48,7 @@ def write_outputs(
         for key in ("dataset", "checkpoint_dir")
         if key in inference_config
     }
-    if tools is not None:
-        summary["tools"] = tools
+    summary |= extras or {}
     write_text_atomically(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
     write_text_atomically(out / INFERENCE_CONFIG, yaml.safe_dump(inference_config, sort_keys=False))
     return summary

@@ -10,8 +10,9 @@ import yaml
 from satseq.actors.tool_usage import tool_usage
 from satseq.config import RunConfig, dump_config
 from satseq.evaluation.checkpoints import resolve_team
+from satseq.evaluation.compare import paired_votes, read_vote_correctness, require_same_problems
 from satseq.evaluation.datasets import resolve_dataset
-from satseq.evaluation.outputs import write_outputs
+from satseq.evaluation.outputs import PREDICTIONS, write_outputs
 from satseq.evaluation.team import TeamEvaluation, evaluate_team
 from satseq.launch.actors import rollout_fleet
 from satseq.launch.connection import connect
@@ -27,17 +28,24 @@ def run_evaluation(
     samples_per_agent: int | None = None,
     stage: int | None = None,
     address: str | None = None,
+    against: str | Path | None = None,
 ) -> tuple[TeamEvaluation, dict[str, Any]]:
     """Evaluate the team in `checkpoint_dir` on `dataset`; returns (evaluation, summary).
 
     With `rollout.tools.enabled`, every sample runs the tool loop on a sandbox pool started for
     this evaluation (limits: `rollout.tools`, `sandbox`), and the summary's "tools" says how
-    much it was used (`tool_usage`); without, the summary has no "tools".
+    much it was used (`tool_usage`); without, the summary has no "tools". With `against` (an
+    earlier eval's output directory, on the same dataset), the summary's "against" pairs the
+    two team votes problem by problem (`compare.PairedVotes`).
 
-    Raises DataError (dataset) or CheckpointError (checkpoint dir) before starting anything.
+    Raises DataError (dataset) or CheckpointError (checkpoint dir; `against` unreadable or on
+    other problems) before starting anything.
     """
     team = resolve_team(checkpoint_dir, stage)
     problems = resolve_dataset(dataset, config)
+    before = None if against is None else read_vote_correctness(Path(against) / PREDICTIONS)
+    if before is not None:
+        require_same_problems(before, [problem.problem_id for problem in problems], str(against))
     k = samples_per_agent or config.eval.samples_per_agent
     spec = eval_sampling_spec(config)
     connect(address)
@@ -54,7 +62,10 @@ def run_evaluation(
             spec,
         )
         statuses = fleet.sandbox_statuses()  # a pool of its own: this evaluation's runs
-    tools = None if statuses is None else tool_usage(evaluation.tool_calls(), statuses)
+    extras = {} if statuses is None else {"tools": tool_usage(evaluation.tool_calls(), statuses)}
+    if before is not None:
+        after = {result.problem_id: result.correct for result in evaluation.results}
+        extras["against"] = paired_votes(before, after, str(against)).as_record()
     inference_config = {
         "dataset": dataset,
         "checkpoint_dir": str(checkpoint_dir),
@@ -73,7 +84,7 @@ def run_evaluation(
         "engine": config.rollout.engine,
         "config": yaml_config(config),
     }
-    return evaluation, write_outputs(output_dir, evaluation, inference_config, tools)
+    return evaluation, write_outputs(output_dir, evaluation, inference_config, extras)
 
 
 def yaml_config(config: RunConfig) -> dict[str, Any]:

@@ -1,11 +1,22 @@
-"""pass@k against brute-force enumeration; avg@k, maj@k and the majority vote by hand."""
+"""pass@k against brute-force enumeration; avg@k, maj@k and the majority vote by hand; the sign
+test by hand and against scipy's exact binomial test."""
 
 import itertools
+import math
 from fractions import Fraction
 
 import pytest
+import scipy.stats
+from hypothesis import given
+from hypothesis import strategies as st
 
-from satseq.algo.eval_metrics import avg_at_k, maj_at_k, majority_vote, pass_at_k
+from satseq.algo.eval_metrics import (
+    avg_at_k,
+    maj_at_k,
+    majority_vote,
+    pass_at_k,
+    sign_test_p_value,
+)
 
 
 def same_number(a: str, b: str) -> bool:
@@ -84,3 +95,36 @@ def test_maj_at_k():
     assert maj_at_k([None, None], [False, False], same_number) == 0.0
     with pytest.raises(ValueError):
         maj_at_k(["1"], [True, False], same_number)
+
+
+@pytest.mark.parametrize(
+    ("gained", "lost", "p"),
+    [
+        (0, 0, 1.0),  # no discordant problem: nothing to tell the runs apart
+        (3, 3, 1.0),
+        (5, 0, 2 / 2**5),  # all 5 one way: 2 · (1/2)^5
+        (0, 5, 2 / 2**5),
+        (11, 8, 2 * sum(math.comb(19, x) for x in range(9)) / 2**19),  # 0.6476
+        (20, 10, 2 * sum(math.comb(30, x) for x in range(11)) / 2**30),  # 0.0987
+    ],
+)
+def test_sign_test_hand_values(gained, lost, p):
+    assert sign_test_p_value(gained, lost) == pytest.approx(p, rel=1e-12)
+
+
+@given(st.integers(0, 400), st.integers(0, 400))
+def test_sign_test_is_scipys_exact_binomial_test(gained, lost):
+    """An independent reference: scipy's two-sided exact binomial test at 1/2 on the discordant
+    problems (its p sums every outcome no likelier than the one seen; symmetric at 1/2)."""
+    p = sign_test_p_value(gained, lost)
+    assert 0.0 < p <= 1.0 and p == sign_test_p_value(lost, gained)
+    if gained + lost:
+        reference = scipy.stats.binomtest(gained, gained + lost, 0.5).pvalue
+        assert p == pytest.approx(reference, rel=1e-9, abs=1e-300)
+    if gained > lost:  # one more problem the same way is stronger evidence
+        assert sign_test_p_value(gained + 1, lost) < p
+
+
+def test_sign_test_rejects_negative_counts():
+    with pytest.raises(ValueError, match="counts >= 0"):
+        sign_test_p_value(-1, 3)
