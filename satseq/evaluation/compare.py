@@ -2,9 +2,8 @@
 
 On 100 problems a team vote of 0.15 → 0.18 can be 3 problems gained, or 11 gained and 8 lost:
 the accuracies alone do not say whether training changed anything. `paired_votes` pairs two
-evaluations by problem id (`satseq eval --against DIR`; `compare_votes`, two output
-directories): the problems each got right alone, and McNemar's exact p-value
-(`satseq.algo.eval_metrics.sign_test_p_value`).
+evaluations by problem id (`satseq eval --against DIR`): the problems each got right alone, and
+McNemar's exact p-value (`satseq.algo.eval_metrics.sign_test_p_value`).
 """
 
 from __future__ import annotations
@@ -43,15 +42,6 @@ class PairedVotes:
         )
 
 
-def compare_votes(before_dir: str | Path, after_dir: str | Path) -> PairedVotes:
-    """Pair the team votes of two eval output directories (their predictions.jsonl)."""
-    return paired_votes(
-        read_vote_correctness(Path(before_dir) / PREDICTIONS),
-        read_vote_correctness(Path(after_dir) / PREDICTIONS),
-        str(before_dir),
-    )
-
-
 def paired_votes(before: dict[str, bool], after: dict[str, bool], label: str) -> PairedVotes:
     """problem id → vote correct, before (from `label`) and after, on the same problems."""
     require_same_problems(before, after.keys(), label)
@@ -81,14 +71,20 @@ def require_same_problems(before: dict[str, bool], after_ids: Iterable[str], lab
         )
 
 
-def read_vote_correctness(path: Path) -> dict[str, bool]:
-    """problem id → is the team vote correct, from a predictions.jsonl; a missing or empty file,
-    a line that is not a record with "problem_id" and "correct", or a repeated id is a
-    `CheckpointError` naming the file (and the line)."""
+def read_team_votes(eval_dir: str | Path) -> dict[str, bool]:
+    """problem id → is the team vote correct, from `satseq eval`'s predictions.jsonl in
+    `eval_dir`; a missing or empty file, a line that is not a record with "problem_id" and
+    "correct", or a repeated id is a `CheckpointError` naming the file (and the line)."""
+    path = Path(eval_dir) / PREDICTIONS
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist: give the --output-dir of a `satseq eval`")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        message = f"{path} is not UTF-8 text ({err.reason} at byte {err.start})"
+        raise CheckpointError(message) from None
     correct: dict[str, bool] = {}
-    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+    for line_number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:

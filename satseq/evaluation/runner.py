@@ -10,9 +10,9 @@ import yaml
 from satseq.actors.tool_usage import tool_usage
 from satseq.config import RunConfig, dump_config
 from satseq.evaluation.checkpoints import resolve_team
-from satseq.evaluation.compare import paired_votes, read_vote_correctness, require_same_problems
+from satseq.evaluation.compare import paired_votes, read_team_votes, require_same_problems
 from satseq.evaluation.datasets import resolve_dataset
-from satseq.evaluation.outputs import PREDICTIONS, write_outputs
+from satseq.evaluation.outputs import write_outputs
 from satseq.evaluation.team import TeamEvaluation, evaluate_team
 from satseq.launch.actors import rollout_fleet
 from satseq.launch.connection import connect
@@ -43,8 +43,9 @@ def run_evaluation(
     """
     team = resolve_team(checkpoint_dir, stage)
     problems = resolve_dataset(dataset, config)
-    before = None if against is None else read_vote_correctness(Path(against) / PREDICTIONS)
-    if before is not None:
+    before = None
+    if against is not None:
+        before = read_team_votes(against)
         require_same_problems(before, [problem.problem_id for problem in problems], str(against))
     k = samples_per_agent or config.eval.samples_per_agent
     spec = eval_sampling_spec(config)

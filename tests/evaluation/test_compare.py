@@ -7,7 +7,16 @@ import pytest
 
 from satseq.algo.eval_metrics import sign_test_p_value
 from satseq.evaluation import CheckpointError, ProblemResult, TeamEvaluation, write_predictions
-from satseq.evaluation.compare import compare_votes, paired_votes
+from satseq.evaluation.compare import paired_votes, read_team_votes
+
+
+def compare_votes(before_dir, after_dir):
+    """The two output directories' votes, as `satseq eval --against before_dir` pairs them."""
+    return paired_votes(
+        read_team_votes(before_dir),
+        read_team_votes(after_dir),
+        str(before_dir),
+    )
 
 
 def eval_dir(root, name: str, correct: dict[str, bool]):
@@ -78,6 +87,12 @@ def test_an_unreadable_predictions_file_is_named_with_its_line(tmp_path, lines, 
         compare_votes(bad, good)
     with pytest.raises(CheckpointError, match=f"{tmp_path / 'empty'}.*does not exist"):
         compare_votes(good, tmp_path / "empty")
+
+
+def test_a_file_that_is_not_text_is_named(tmp_path):
+    (tmp_path / "predictions.jsonl").write_bytes(b'{"problem_id": "\xff"}')
+    with pytest.raises(CheckpointError, match=r"predictions\.jsonl is not UTF-8 text"):
+        read_team_votes(tmp_path)
 
 
 def test_blank_lines_are_skipped(tmp_path):
