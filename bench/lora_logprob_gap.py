@@ -19,8 +19,8 @@ from satseq.actors.rollout import RolloutWorker
 from satseq.actors.topology import owner_rollouts
 from satseq.actors.trajectory import SamplingSpec, Trajectory
 from satseq.config import TRAIN_CONFIG, load_config
-from satseq.data import make_split
 from satseq.data.prompts import prompt_ids
+from satseq.evaluation import resolve_dataset
 from satseq.launch.settings import prompt_format
 from satseq.models import load_tokenizer
 
@@ -36,11 +36,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=6, help="held-out problems, 1 sample each")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
-    config = load_config(str(args.run / TRAIN_CONFIG), [])
+    # the run's held-out problems, as `satseq eval --dataset synthetic:test` asks them
+    config = load_config(str(args.run / TRAIN_CONFIG), [f"eval.synthetic_problems={args.prompts}"])
     agents = [agent.name for agent in config.team.agents]
     adapters = {name: str(args.run / f"agent_{name}" / f"stage_{args.stage}") for name in agents}
     tokenizer = load_tokenizer(adapters[agents[0]])
-    problems = make_split("test", args.prompts, difficulty=1, style="words")
+    problems = resolve_dataset("synthetic:test", config)
     run_prompt_format = prompt_format(config)
     prompts = [prompt_ids(tokenizer, problem, run_prompt_format) for problem in problems]
     spec = SamplingSpec(
