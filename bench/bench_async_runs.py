@@ -99,7 +99,9 @@ def split_cores() -> tuple[set[int], set[int]]:
 
 def steady_means(stages: list[dict]) -> dict[str, float]:
     """Means over the steady stages (all but the first and the last, where there are three or
-    more) of the stage time, the busy fractions, the engines' idle seconds and the staleness."""
+    more) of the stage time, the busy fractions, the engines' idle seconds, the staleness and the
+    rollout correction (its mean weight and the engine–learner log-prob mismatch; the smallest
+    weight over them)."""
     steady = stages[1:-1] if len(stages) >= 3 else stages
     stage_s = [stage_seconds(stage) for stage in steady]
     engine = [s.get("util/engine_busy", 0.0) for s in steady]
@@ -110,8 +112,11 @@ def steady_means(stages: list[dict]) -> dict[str, float]:
         "engine_idle_s": statistics.mean(t * (1 - b) for t, b in zip(stage_s, engine, strict=True)),
         "staleness": statistics.mean(s.get("async/staleness_mean", 0.0) for s in steady),
         "dropped": sum(s.get("async/dropped", 0) for s in stages),
-        "is_weight_mean": statistics.mean(s.get("async/is_weight_mean", 1.0) for s in steady),
-        "is_weight_min": min(s.get("async/is_weight_min", 1.0) for s in steady),
+        "weight_mean": statistics.mean(
+            s.get("rollout/correction_weight_mean", 1.0) for s in steady
+        ),
+        "weight_min": min(s.get("rollout/correction_weight_min", 1.0) for s in steady),
+        "mismatch": statistics.mean(s.get("rollout/logprob_mismatch", 0.0) for s in steady),
     }
 
 
@@ -156,7 +161,7 @@ def main() -> None:
             rows.append(measure(args.config, seed, K, args.pin, args.overrides, Path(args.out)))
     print(f"\n{args.config}, pinned: {args.pin}")
     print("| seed | K | held-out vote, before → after | stage s | engine busy | learner busy "
-          "| engine idle s (cut) | staleness | dropped | IS weight mean / min "
+          "| engine idle s (cut) | staleness | dropped | correction mean / min (mismatch) "
           "| train s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
@@ -170,7 +175,8 @@ def main() -> None:
             f"({gain:+.2f}) | {row['stage_s']:.1f} | {row['engine_busy']:.2f} "
             f"| {row['learner_busy']:.2f} | {row['engine_idle_s']:.1f} ({cut}) "
             f"| {row['staleness']:.2f} | {row['dropped']} "
-            f"| {row['is_weight_mean']:.3f} / {row['is_weight_min']:.3f} | {row['train_s']:.0f} |"
+            f"| {row['weight_mean']:.3f} / {row['weight_min']:.3f} ({row['mismatch']:.1e}) "
+            f"| {row['train_s']:.0f} |"
         )
 
 

@@ -1,12 +1,17 @@
 """Coverage of the bandit bound when a prompt's G samples are correlated (DESIGN §4).
 
-Each simulated stage draws n prompts. At every prompt π answers correctly with probability
-p = 0.8; π' moves that probability by +shift or −shift with equal chance, plus `drift` (so the
-true gain J(π') − J(π), over the prompts' distribution, is `drift`). The G samples of a prompt
-share its move, so they are correlated. The bound at confidence 1 − δ must stay below the true
-gain in at least 1 − δ of the stages: `coverage` counts how often it does, with the statistic
-averaged per prompt (the certificate's unit of independence) or, as before, with every sample
-taken as independent.
+Prompts come from a pool of 4,096 with heterogeneous success rates p ~ U(0.02, 0.98) under π
+(`rates`; (0.8, 0.8): every prompt alike).
+π' moves each prompt's rate by +shift or −shift (a fixed random sign per prompt) plus `drift`,
+kept within [0.01, 0.99]; the true gain J(π') − J(π) is the pool's mean move, computed exactly.
+Each simulated stage draws n prompts from the pool and G samples of each: they share the
+prompt's rate and its move, so they are correlated, and w = π'/π reaches past w_max where a
+rare answer becomes common (p 0.05 → 0.25: w = 5), so the truncation term is exercised. The
+bound at confidence 1 − δ must stay below the true gain in at least 1 − δ of the stages:
+`coverage` counts how often it does, with the statistic averaged per prompt (the certificate's
+unit of independence) or with every sample taken as independent; `slack_scale` < 1 shrinks the
+bound's slack (deviation and truncation terms: a test's power check, the shrunk bound must fail
+to cover).
 
     .venv/bin/python bench/bench_certificate.py --coverage
 """
@@ -19,7 +24,8 @@ import torch
 
 from satseq.algo import bandit_lower_bound
 
-P_CORRECT, BASELINE, W_MAX, DELTA = 0.8, 0.2, 2.0, 0.05
+POOL, BASELINE, W_MAX, DELTA = 4096, 0.2, 2.0, 0.05
+RATES = (0.02, 0.98)
 
 
 @dataclass(frozen=True)
@@ -27,18 +33,30 @@ class Coverage:
     coverage: float  # share of stages whose bound ≤ the true gain
     positive: float  # share of stages whose bound > 0
     mean_bound: float
+    true_gain: float
+    beyond_w_max: float  # share of the samples whose w exceeded w_max (truncated)
+
+
+def prompt_pool(
+    generator: torch.Generator, shift: float, drift: float, rates: tuple[float, float] = RATES
+):
+    """(p [POOL], p' [POOL]): each prompt's success rate under π (uniform over `rates`) and π'."""
+    low, high = rates
+    p = low + (high - low) * torch.rand(POOL, generator=generator, dtype=torch.float64)
+    sign = torch.where(torch.rand(POOL, generator=generator) < 0.5, 1.0, -1.0).double()
+    return p, (p + sign * shift + drift).clamp(0.01, 0.99)
 
 
 def simulated_stage(
-    generator: torch.Generator, G: int, n: int, shift: float, drift: float
+    generator: torch.Generator, p: torch.Tensor, p_new: torch.Tensor, G: int, n: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log w [nG], R [nG], prompt [nG]) of one stage's held-out samples."""
-    move = torch.where(torch.rand(n, generator=generator) < 0.5, shift, -shift) + drift
+    drawn = torch.randint(POOL, (n,), generator=generator)
     prompt = torch.arange(n).repeat_interleave(G)
-    correct = torch.rand(n * G, generator=generator) < P_CORRECT
-    p_new = (P_CORRECT + move)[prompt]
-    w = torch.where(correct, p_new / P_CORRECT, (1 - p_new) / (1 - P_CORRECT))
-    return w.clamp_min(1e-12).log(), correct.double(), prompt
+    rate, rate_new = p[drawn][prompt], p_new[drawn][prompt]
+    correct = torch.rand(n * G, generator=generator, dtype=torch.float64) < rate
+    w = torch.where(correct, rate_new / rate, (1 - rate_new) / (1 - rate))
+    return w.log(), correct.double(), prompt
 
 
 def coverage(
@@ -49,24 +67,32 @@ def coverage(
     stages: int = 2000,
     by_prompt: bool = True,
     seed: int = 0,
+    slack_scale: float = 1.0,
+    baseline: float = BASELINE,
+    rates: tuple[float, float] = RATES,
 ) -> Coverage:
     """How often the bound held (and was positive) over `stages` simulated stages."""
     generator = torch.Generator().manual_seed(seed)
-    holds = positive = 0
+    p, p_new = prompt_pool(generator, shift, drift, rates)
+    true_gain = float((p_new - p).mean())
+    holds = positive = beyond = 0
     total = 0.0
     for _ in range(stages):
-        log_w, R, prompt = simulated_stage(generator, G, n, shift, drift)
-        bound = bandit_lower_bound(
+        log_w, R, prompt = simulated_stage(generator, p, p_new, G, n)
+        cert = bandit_lower_bound(
             log_w,
             R,
-            b=BASELINE,
+            b=baseline,
             R_min=0.0,
             R_max=1.0,
             w_max=W_MAX,
             delta_conf=DELTA,
             prompts=prompt if by_prompt else None,
-        ).lower_bound
-        holds += bound <= drift
+        )
+        bound = cert.estimate - slack_scale * (cert.deviation + cert.truncation_bias)
+        holds += bound <= true_gain
+        beyond += int((log_w.exp() > W_MAX).sum())
         positive += bound > 0
         total += bound
-    return Coverage(holds / stages, positive / stages, total / stages)
+    beyond_share = beyond / (stages * n * G)
+    return Coverage(holds / stages, positive / stages, total / stages, true_gain, beyond_share)

@@ -20,7 +20,8 @@
 #   RESPONSE_LENGTH  rollout.max_new_tokens
 #   PPO_MINI_BATCH_SIZE  trainer.mini_batch_size, converted: verl counts a mini-batch in prompts,
 #                    each with its responses, satseq in trajectories, so GRPO's is
-#                    PPO_MINI_BATCH_SIZE × grpo.group_size (N_TRAIN, else the config's) and
+#                    PPO_MINI_BATCH_SIZE × the run's grpo.group_size (N_TRAIN, a --set among the
+#                    arguments, or the config's) and
 #                    SPO's (one response a prompt) PPO_MINI_BATCH_SIZE
 #   PPO_EPOCHS       trainer.ppo_epochs: passes over a stage's batch
 #   DEBUG            1 (or True): builtin:tiny on synthetic arithmetic, HF engine on the CPU,
@@ -86,19 +87,20 @@ satseq="${SATSEQ:-satseq}"
 if ! command -v "$satseq" >/dev/null && [[ -x "$root/.venv/bin/satseq" ]]; then
     satseq="$root/.venv/bin/satseq"
 fi
-if [[ -n "${PPO_MINI_BATCH_SIZE:-}" ]]; then
-    responses=1  # SPO: one response per prompt
-    if [[ "${METHOD^^}" == GRPO ]]; then
-        responses="${N_TRAIN:-$("$satseq" config show "$config" --key grpo.group_size)}"
-    fi
-    overrides+=("trainer.mini_batch_size=$((PPO_MINI_BATCH_SIZE * responses))")
-fi
 [[ -n "${PPO_EPOCHS:-}" ]] && overrides+=("trainer.ppo_epochs=$PPO_EPOCHS")
 command=("$satseq" train "$config")
 for assignment in "${overrides[@]}"; do
     command+=(--set "$assignment")
 done
 command+=("$@")
+if [[ -n "${PPO_MINI_BATCH_SIZE:-}" ]]; then
+    responses=1  # SPO: one response per prompt
+    if [[ "${METHOD^^}" == GRPO ]]; then  # the run's group size: N_TRAIN, or a --set, or the file's
+        source "$root/scripts/run_settings.sh"
+        responses="$(run_setting "$config" grpo.group_size "${command[@]:3}")"
+    fi
+    command+=(--set "trainer.mini_batch_size=$((PPO_MINI_BATCH_SIZE * responses))")
+fi
 
 printf '+'
 printf ' %q' "${command[@]}"

@@ -6,7 +6,8 @@
 #   TRAIN_BATCH_SIZE                trainer.batch_size (prompts per stage)
 #   PPO_MINI_BATCH_SIZE             trainer.mini_batch_size, converted: verl counts it in prompts,
 #                                   each with its responses, satseq in trajectories, so it is
-#                                   PPO_MINI_BATCH_SIZE × the config's sat_seq.group_size
+#                                   PPO_MINI_BATCH_SIZE × the run's sat_seq.group_size (a --set
+#                                   among the arguments, or the config's)
 #   PPO_EPOCHS                      trainer.ppo_epochs: passes over a stage's batch
 #   AGENT1_PATH, AGENT2_PATH, ...   model of the 1st, 2nd, ... agent (sat_seq.agents.<i-1>.path):
 #                                   a local HF model directory or a hub name
@@ -36,10 +37,6 @@ for variable in $(compgen -e | grep -E '^AGENT[0-9]+_PATH$' | sort -V || true); 
   fi
   command+=(--set "sat_seq.agents.$((10#$number - 1)).path=${!variable}")
 done
-if [[ -n "${PPO_MINI_BATCH_SIZE:-}" ]]; then
-  group_size="$(satseq config show "$config" --key sat_seq.group_size)"
-  command+=(--set "trainer.mini_batch_size=$((PPO_MINI_BATCH_SIZE * group_size))")
-fi
 if [[ -n "${PPO_EPOCHS:-}" ]]; then
   command+=(--set "trainer.ppo_epochs=$PPO_EPOCHS")
 fi
@@ -47,6 +44,12 @@ if [[ -n "${OUTPUT_DIR:-}" ]]; then
   command+=(--output-dir "$OUTPUT_DIR")
 fi
 command+=("$@")
+if [[ -n "${PPO_MINI_BATCH_SIZE:-}" ]]; then  # the run's group size: a --set among them, or the file's
+  satseq=satseq
+  source "$repo_root/scripts/run_settings.sh"
+  group_size="$(run_setting "$config" sat_seq.group_size "${command[@]:3}")"
+  command+=(--set "trainer.mini_batch_size=$((PPO_MINI_BATCH_SIZE * group_size))")
+fi
 
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
   printf '%q ' "${command[@]}"

@@ -67,8 +67,9 @@ def test_steady_means_leave_out_the_first_and_the_last_stage(bench):
             "util/engine_busy": 0.25,
             "util/learner_busy": 0.5,
             "async/staleness_mean": 1.0,
-            "async/is_weight_mean": 0.9,
-            "async/is_weight_min": 0.4,
+            "rollout/correction_weight_mean": 0.9,
+            "rollout/correction_weight_min": 0.4,
+            "rollout/logprob_mismatch": 0.02,
         },
         {"time/rollout": 7.0, "util/engine_busy": 0.1, "async/dropped": 1},
     ]
@@ -79,5 +80,6 @@ def test_steady_means_leave_out_the_first_and_the_last_stage(bench):
     assert means["learner_busy"] == pytest.approx(0.25)
     assert means["staleness"] == pytest.approx(0.5)
     assert means["dropped"] == 4  # counted over every stage
-    assert means["is_weight_mean"] == pytest.approx(0.95)
-    assert means["is_weight_min"] == pytest.approx(0.4)
+    assert means["weight_mean"] == pytest.approx(0.95)
+    assert means["weight_min"] == pytest.approx(0.4)
+    assert means["mismatch"] == pytest.approx(0.01)

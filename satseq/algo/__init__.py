@@ -23,7 +23,14 @@ from satseq.algo.certificate import (
 )
 from satseq.algo.eval_metrics import avg_at_k, maj_at_k, majority_vote, pass_at_k
 from satseq.algo.importance import truncated_is_weights
-from satseq.algo.kl import kl_exact, kl_k3, kl_quantile, sequence_kl
+from satseq.algo.kl import (
+    certified_alpha,
+    kl_exact,
+    kl_k3,
+    kl_quantile,
+    sequence_kl,
+    units_to_certify,
+)
 from satseq.algo.logprobs import token_logprobs
 from satseq.algo.losses import (
     PolicyLoss,
@@ -76,6 +83,7 @@ __all__ = [
     "bandit_lower_bound",
     "beta_prior",
     "binarise_score",
+    "certified_alpha",
     "chunked_distillation_kl",
     "chunked_mixture_kl",
     "clip_advantages",
@@ -113,4 +121,5 @@ __all__ = [
     "token_logprobs",
     "truncated_is_weights",
     "truncation_bias",
+    "units_to_certify",
 ]

@@ -1,4 +1,5 @@
-"""KL(π_θ ‖ π_cur) per token and per sequence, and its quantile (DESIGN §4 trust region).
+"""KL(π_θ ‖ π_cur) per token and per sequence, its quantile and the level an outcome certifies
+(DESIGN §4 trust region).
 
 Direction: the divergence is taken from the policy being optimised, π_θ, to the stage-start
 policy π_cur, i.e. KL(π_θ ‖ π_cur) = E_{π_θ}[log π_θ − log π_cur]. This is the mode-seeking
@@ -12,6 +13,7 @@ import math
 
 import torch
 
+from satseq.algo.binomial import clopper_pearson_upper
 from satseq.algo.logprobs import vocabulary_logprobs
 from satseq.algo.masks import masked_mean
 
@@ -49,29 +51,37 @@ def sequence_kl(per_token_kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_mean(per_token_kl, mask, dim=-1)
 
 
-def dkw_slack(N: int, eta: float) -> float:
-    """ε(N, η) = sqrt(ln(2/η) / (2N)): with confidence 1 − η the empirical CDF of N i.i.d.
-    samples is within ε of the true one everywhere (Dvoretzky–Kiefer–Wolfowitz, with Massart's
-    constant)."""
-    if not 0.0 < eta < 1.0:
-        raise ValueError(f"the DKW confidence eta must be in (0, 1), got {eta}")
-    return math.sqrt(math.log(2.0 / eta) / (2 * max(N, 1)))
-
-
-def kl_quantile(seq_kl: torch.Tensor, alpha: float, dkw_eta: float | None = None) -> float:
-    """q, the quantile of the per-sequence KLs [N] that the trust region checks (DESIGN §4).
-
-    Without `dkw_eta`: the in-sample (1 − α) quantile (linear interpolation).
-    With it: the empirical (1 − α + ε) quantile, ε = `dkw_slack(N, dkw_eta)`, taken as an order
-    statistic x_(k) with F̂(x_(k)) ≥ 1 − α + ε, so that q ≤ target implies
-    P(sequence KL > target) ≤ α with confidence 1 − η; when 1 − α + ε ≥ 1, q is the maximum.
-    """
+def kl_quantile(seq_kl: torch.Tensor, alpha: float) -> float:
+    """q, the in-sample (1 − α) quantile (linear interpolation) of the per-sequence KLs [N]: the
+    trust region accepts when q ≤ target_kl (the seeds' rule, DESIGN §4). What an outcome
+    certifies beyond the sample is `certified_alpha`."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"quantile alpha must be in [0, 1], got {alpha}")
-    values = seq_kl.double()
-    if dkw_eta is None:
-        return float(torch.quantile(values, 1.0 - alpha))
-    N = values.numel()
-    level = 1.0 - alpha + dkw_slack(N, dkw_eta)
-    k = min(max(math.ceil(level * N - 1e-9) - 1, 0), N - 1)  # 0-based rank: (k + 1)/N ≥ level
-    return float(values.sort().values[k])
+    return float(torch.quantile(seq_kl.double(), 1.0 - alpha))
+
+
+def certified_alpha(
+    seq_kl: torch.Tensor, units: torch.Tensor, target_kl: float, eta: float
+) -> float:
+    """The level an update's KL outcome certifies (DESIGN §4 trust region): with confidence
+    1 − η, a prompt drawn as these were has a sequence with KL(π_θ ‖ π_cur) > target_kl with
+    probability at most this, so a sampled sequence exceeds target_kl at most as often.
+
+    seq_kl [N]: per-sequence KLs; units [N]: each sequence's prompt (any ids). A prompt's G
+    samples are correlated, so the prompts are the independent units: k of the n prompts have a
+    sequence above target_kl, and the level is the exact binomial (Clopper–Pearson) upper bound
+    on k/n. With k = 0 it is 1 − η^(1/n): n ≥ `units_to_certify(α, η)` prompts reach α.
+    Valid for prompts θ was not fitted to (`kl_ctrl.measure_on: held_out`)."""
+    ids, index = torch.unique(units, return_inverse=True)
+    exceeds = (~(seq_kl <= target_kl)).long()  # a NaN KL (non-finite weights) is above
+    above = torch.zeros(len(ids), dtype=torch.long, device=units.device)
+    above = above.scatter_reduce(0, index, exceeds, "amax")
+    return clopper_pearson_upper(int(above.sum()), len(ids), eta)
+
+
+def units_to_certify(alpha: float, eta: float) -> int:
+    """The fewest prompts whose outcome can certify α at confidence 1 − η (none above target):
+    the smallest n with 1 − η^(1/n) ≤ α, i.e. n = ⌈ln η / ln(1 − α)⌉."""
+    if not 0.0 < alpha < 1.0 or not 0.0 < eta < 1.0:
+        raise ValueError(f"alpha and eta must be in (0, 1), got alpha={alpha}, eta={eta}")
+    return math.ceil(math.log(eta) / math.log1p(-alpha) - 1e-9)

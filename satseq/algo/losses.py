@@ -1,7 +1,9 @@
 """Policy losses (DESIGN §4): sequence-ratio PPO with a KL penalty (SAT-Seq), token PPO with
 clip-higher and dual-clip (SPO, GRPO).
 
-Shapes: logp_theta, logp_cur, mask [B, T]; A and the IS weights c [B] (one per trajectory).
+Shapes: logp_theta, logp_cur, mask [B, T]; A [B] (one per trajectory); the weights c [B] (one
+per trajectory: SAT-Seq's IS weights, a sequence-level rollout correction) or [B, T] (a
+token-level rollout correction, for a token ratio).
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ def policy_loss(
     dual_clip: float | None = None,
     aggregation: Aggregation = "seq_mean",
 ) -> PolicyLoss:
-    """−E[c · min(r·A, clip(r)·A)] over agent i's tokens (`mask`), c defaulting to 1.
+    """−E[c · min(r·A, clip(r)·A)] over agent i's tokens (`mask`), c defaulting to 1 (per
+    trajectory [B], or per token [B, T] with ratio="token").
 
     SAT-Seq: ratio="seq", aggregation="seq_mean", eps_high=eps_low.
     SPO: ratio="token", eps_low=0.2, eps_high=0.28, dual_clip=10, aggregation="token_mean".
@@ -114,8 +117,10 @@ def policy_loss(
         c = torch.ones_like(A)
     u = log_ratio(logp_theta, logp_cur, mask, ratio)
     if ratio == "token":
-        A_b, c_b = A.unsqueeze(-1), c.unsqueeze(-1)
+        A_b, c_b = A.unsqueeze(-1), (c if c.dim() == 2 else c.unsqueeze(-1))
         term_mask = mask
+    elif c.dim() == 2:
+        raise ValueError(f"per-token weights c [B, T] need ratio 'token', not {ratio!r}")
     else:
         A_b, c_b = A, c
         term_mask = (mask.sum(-1) > 0).to(mask.dtype)
@@ -131,6 +136,10 @@ def policy_loss(
     return PolicyLoss(loss, clip_fraction, ratio_mean, ratio_max)
 
 
-def kl_penalty(per_token_kl: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
-    """β_i · KL(π_θ ‖ π_cur), token-mean over agent i's tokens; per_token_kl [B, T]."""
-    return beta * masked_mean(per_token_kl, mask)
+def kl_penalty(
+    per_token_kl: torch.Tensor, mask: torch.Tensor, beta: float, aggregation: Aggregation
+) -> torch.Tensor:
+    """β_i · KL(π_θ ‖ π_cur) over agent i's tokens, per_token_kl [B, T], aggregated exactly as
+    the policy loss (DESIGN §4): with the same per-sequence or per-token weights, a step is the
+    same however its mini-batch is cut into micro-batches."""
+    return beta * aggregate(per_token_kl, mask, aggregation)

@@ -32,6 +32,7 @@ from satseq.cluster.faults import (
 )
 from satseq.cluster.metrics import StageLog
 from satseq.cluster.recipes import RECIPES
+from satseq.cluster.recipes.certificate import certification_warning
 from satseq.cluster.swap import apply_swaps
 from satseq.cluster.team import start_on_ray
 from satseq.cluster.training_data import training_problems
@@ -66,6 +67,9 @@ class Coordinator:
         """Every learner's and rollout actor's process when the stage began (`faults`)."""
         resumed_stage = self._restore() if resume else None
         self.log = StageLog(self.output_dir, config, resumed_stage)
+        self.start_warnings = [w for w in [certification_warning(config)] if w]
+        """What the driver warns of before the first stage (this actor's log does not reach
+        the console)."""
 
     # --- one stage ----------------------------------------------------------------------------
 

@@ -31,5 +31,8 @@ class CoordinatorActor:
     def next_stage(self) -> int:
         return self.coordinator.next_stage()
 
+    def start_warnings(self) -> list[str]:
+        return self.coordinator.start_warnings
+
     def close(self) -> list[str]:
         return self.coordinator.close()

@@ -66,6 +66,8 @@ def train(
         ),
     ).remote(config, str(out), resume)
     first_stage = ray.get(coordinator.next_stage.remote())
+    for warning in ray.get(coordinator.start_warnings.remote()):
+        console.print(f"[yellow]warning: {warning}")
     if resume:
         console.print(
             f"resuming at stage {first_stage}"

@@ -42,7 +42,6 @@ def trust_region_spec(kl_ctrl: KLControlConfig) -> TrustRegionSpec:
         kl_coef=kl_ctrl.kl_coef,
         target_kl=kl_ctrl.target_kl,
         alpha=1.0 - kl_ctrl.quantile,
-        dkw_eta=kl_ctrl.dkw_eta,
         beta_growth=kl_ctrl.beta_growth,
         step_shrink=kl_ctrl.step_shrink,
         max_backtracks=kl_ctrl.max_backtracks,

@@ -175,15 +175,31 @@ class TeamRuntime:
         """[N, T] log-probs of `trajectories` under agent `agent`'s current weights."""
         return self.call_learner(agent, Learner.logprobs, trajectories)
 
-    def update(self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c) -> UpdateResult:
-        """Agent i's trust-region update on `rows` of the batch (logp_cur [N, T], A and c [N])."""
-        return self.calls.wait([self._start_update(i, batch, rows, logp_cur, A, c)])[0]
+    def update(
+        self,
+        i: int,
+        batch: StageBatch,
+        rows: list[int],
+        logp_cur,
+        A,
+        c,
+        checked: list[int] = (),
+    ) -> UpdateResult:
+        """Agent i's trust-region update on `rows` of the batch (logp_cur [N, T], A [N], c [N]
+        or [N, T]); its KL check measures the `checked` rows (never trained on) if given, else
+        `rows`. The result's rows are `rows` then `checked`."""
+        return self.calls.wait([self._start_update(i, batch, rows, logp_cur, A, c, checked)])[0]
 
-    def _start_update(self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c):
-        trajectories = [batch.trajectories[r] for r in rows]
+    def _start_update(self, i: int, batch: StageBatch, rows: list[int], logp_cur, A, c, checked=()):
+        every = list(rows) + list(checked)
+        trajectories = [batch.trajectories[r] for r in every]
         T = max((len(t.response_ids) for t in trajectories), default=1)
-        behaviour = None if logp_cur is None else logp_cur[rows, :T]
-        return self._start_learner(i, Learner.update, trajectories, behaviour, A[rows], c[rows])
+        behaviour = None if logp_cur is None else logp_cur[every, :T]
+        A_rows = torch.cat([A[rows], A.new_zeros(len(checked))])  # held-out rows train on nothing
+        c_rows = c[every, :T] if c.dim() == 2 else c[every]
+        return self._start_learner(
+            i, Learner.update, trajectories, behaviour, A_rows, c_rows, len(checked)
+        )
 
     def update_all(
         self, batch: StageBatch, rows: list[list[int]], logp_cur, A, c

@@ -2,7 +2,9 @@
 claim; `team.swaps`, `satseq train --resume --swap AGENT=PATH`).
 
 At the start of stage k, agent i's incoming model π_pre (same tokenizer) replaces its outgoing
-policy π_cur without a coordinator's help and without losing the trust region's guarantee:
+policy π_cur, projected to within a mean per-state KL(π_θ ‖ π_cur) ≤ δ0 of it on the stage's
+prompts (an in-sample mean, measured on the states it was fitted to: not the trust region's
+quantile check, nor its certified level):
 
 1. the outgoing agent answers the stage's prompts (`samples_per_prompt` each); its response
    states are where the projection is measured;
@@ -15,7 +17,8 @@ policy π_cur without a coordinator's help and without losing the trust region's
    its own mean per-state KL(π_θ ‖ π_cur) ≤ δ0 or `max_steps`;
 5. the swap stands only if δ0 was met (`swap/<agent>/budget_met`): otherwise the outgoing agent
    comes back as it was (its learner on its own model, its state loaded) and the swap is tried
-   again at the next stage, unless `on_budget_missed: keep` says to go on outside the budget;
+   again at the next stage, continuing from the missed attempt's weights (kept in `swap_dir`),
+   unless `on_budget_missed: keep` says to go on outside the budget;
 6. the agent's weights go to the rollout engines, and the stage runs as usual.
 
 Which states: the outgoing agent's own answers to the raw prompts (in `chain` topology too).
@@ -96,6 +99,9 @@ def swap_agent(
     swap_dir.mkdir(parents=True, exist_ok=True)
     outgoing_state = rt.call_learner(i, Learner.save_state, str(swap_dir / f"outgoing_{name}.pt"))
     rt.replace_agent(i, swap.path)
+    attempt = swap_dir / f"attempt_{name}_stage_{swap.at_stage}.pt"
+    if attempt.exists():  # a retry continues from the missed attempt, not from π_pre again
+        rt.call_learner(i, Learner.load_state, str(attempt))
     lr = swap.lr or config.trainer.lr
     args = (trajectories, current, swap.delta0, swap.max_steps, lr, TARGET_FRACTION)
     result = rt.call_learner(i, Learner.distill, *args)
@@ -112,8 +118,11 @@ def swap_agent(
             result.steps,
             name,
         )
+        rt.call_learner(i, Learner.save_state, str(attempt))
         rt.replace_agent(i, outgoing_path)
         rt.call_learner(i, Learner.load_state, outgoing_state)
+    else:
+        attempt.unlink(missing_ok=True)
     rt.weight_sync.push(i)
     return {
         f"swap/{name}/lambda": result.lam,

@@ -3,7 +3,8 @@ and `grpo:`."""
 
 from __future__ import annotations
 
-from typing import Literal
+import warnings
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -15,18 +16,47 @@ class KLControlConfig(Section):
     """SAT-Seq's KL penalty and quantile trust region (DESIGN §4): an epoch whose KL quantile
     exceeds target_kl is undone and retried with a larger β and a smaller step."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _dkw_eta_is_eta(cls, data: Any) -> Any:
+        """`dkw_eta` (round 3) moved the quantile by the DKW slack; its confidence is now `eta`,
+        the certified level's, and the quantile is the in-sample one."""
+        if not isinstance(data, dict) or "dkw_eta" not in data:
+            return data
+        data = dict(data)
+        old = data.pop("dkw_eta")
+        if "eta" in data and old is not None and data["eta"] != old:
+            raise ValueError("algorithm.kl_ctrl.dkw_eta and eta disagree: give eta only")
+        if old is not None:
+            data.setdefault("eta", old)
+        warnings.warn(
+            "algorithm.kl_ctrl.dkw_eta is deprecated: it is algorithm.kl_ctrl.eta, the confidence "
+            "of the certified level trust/certified_alpha/<agent> (the quantile check is the "
+            "in-sample one; DESIGN §4)",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return data
+
     kl_coef: float = Field(0.01, ge=0.0, description="initial β_i of the KL penalty")
     target_kl: float = Field(0.05, gt=0.0, description="trust region: max allowed KL quantile")
     quantile: float = Field(
         0.9, gt=0.0, le=1.0, description="quantile level 1 − α of per-sequence KL"
     )
-    dkw_eta: float | None = Field(
+    eta: float = Field(
         0.05,
         gt=0.0,
         lt=1.0,
-        description="the quantile check carries the DKW slack sqrt(ln(2/η)/(2N)) over N "
-        "sequences, so q ≤ target_kl bounds P(sequence KL > target_kl) ≤ 1 − quantile with "
-        "confidence 1 − η; null: the in-sample quantile",
+        description="confidence 1 − η of the level each update certifies "
+        "(trust/certified_alpha/<agent>: the Clopper–Pearson bound, prompts as units, on the "
+        "share of prompts with a sequence KL > target_kl)",
+    )
+    measure_on: Literal["train", "held_out"] = Field(
+        "train",
+        description="the rows the KL check measures: train (the rows the step was fitted to, "
+        "free: the pass also gives logp_hat) or held_out (the stage's held-out prompts, which "
+        "the certified level needs to be valid; one more forward pass over them per attempt and "
+        "one over the training rows at the end)",
     )
     beta_growth: float = Field(1.5, gt=1.0, description="β_i ← beta_growth·β_i on a violation")
     step_shrink: float = Field(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from satseq.config.section import Section
 from satseq.sandbox.types import (
@@ -52,6 +52,31 @@ class DynamicSamplingConfig(Section):
     )
 
 
+class RolloutCorrectionConfig(Section):
+    """Rollout correction (DESIGN §12): each sampled token weighs π_prox/π_behaviour, the
+    learner's stage-start log-prob against the engine's, which corrects staleness (K ≥ 1) and
+    the engine–learner numerical mismatch (every K) alike."""
+
+    mode: Literal["truncate", "mask", "off"] = Field(
+        "truncate",
+        description="truncate: min(w, cap) (verl's TIS); mask: w where w ≤ cap, else 0 (MIS); "
+        "off: w ≡ 1 (then K = 0 is the synchronous stage bit for bit, and stale rollouts go "
+        "uncorrected)",
+    )
+    level: Literal["auto", "token", "sequence"] = Field(
+        "auto",
+        description="token: a weight per token (token-level losses: GRPO, SPO); sequence: the "
+        "product over the response (SAT-Seq's sequence ratio); auto: the loss's own",
+    )
+    cap: float = Field(2.0, gt=1.0, description="C, where the weight is truncated or masked")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off_is_off(cls, mode: object) -> object:
+        """YAML reads a bare `off` as false."""
+        return "off" if mode is False else mode
+
+
 class RolloutConfig(Section):
     """How trajectories are generated: engines, sampling, weight sync, tools, overlap."""
 
@@ -89,8 +114,11 @@ class RolloutConfig(Section):
         ge=0,
         description="K: the rollout engines generate stage s+K while stage s's learners update "
         "(the engines and learners need devices of their own); a stage trains on rollouts at "
-        "most K policy versions old, corrected by the truncated off-policy weight. 0: the "
-        "synchronous stage",
+        "most K policy versions old, corrected by rollout.correction. 0: the synchronous stage",
+    )
+    correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig,
+        description="the weight π_prox/π_behaviour of every sampled token or sequence, at any K",
     )
     dynamic_sampling: DynamicSamplingConfig = Field(
         default_factory=DynamicSamplingConfig,
@@ -101,6 +129,12 @@ class RolloutConfig(Section):
         default_factory=EngineResources, description="each rollout actor's bundle"
     )
     tools: ToolConfig = Field(default_factory=ToolConfig, description="the tool loop")
+
+    @property
+    def records_behaviour_logprobs(self) -> bool:
+        """Whether the engines report each sampled token's log-prob under the distribution
+        it was drawn from: the correction reads them, and so do stale rollouts' certificates."""
+        return self.correction.mode != "off" or self.max_staleness > 0
 
 
 class SandboxConfig(Section):

@@ -371,6 +371,29 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _correction_fits_the_loss(self) -> RunConfig:
+        """SAT-Seq's sequence ratio, its IS weights and its baseline weigh whole trajectories:
+        its rollout correction is the sequence's."""
+        if self.algorithm.name == "sat_seq" and self.rollout.correction.level == "token":
+            raise ValueError(
+                "rollout.correction.level: token with algorithm.name: sat_seq: SAT-Seq weighs "
+                "each trajectory (its sequence ratio, IS weights and baseline), so its rollout "
+                "correction is the sequence's; set rollout.correction.level: sequence (or auto)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _held_out_check_needs_held_out_prompts(self) -> RunConfig:
+        kl_ctrl, certificate = self.algorithm.kl_ctrl, self.algorithm.certificate
+        if kl_ctrl.measure_on == "held_out" and certificate.holdout_fraction == 0:
+            raise ValueError(
+                "algorithm.kl_ctrl.measure_on: held_out measures the KL on the stage's held-out "
+                "prompts, but algorithm.certificate.holdout_fraction is 0: hold some out (e.g. "
+                "0.25), or set measure_on: train"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _one_backtracking_setting(self) -> RunConfig:
         """`sat_seq.max_backtracks` / `sat_seq.on_exhausted` (the seeds' keys) set the trust
         region's `algorithm.kl_ctrl.*` of the same name: the trust region is built from that one

@@ -75,8 +75,9 @@ def engine_options(config: RunConfig) -> dict:
         "num_threads": max(1, int(rollout.resources.num_cpus)),
         "fp32_head": config.trainer.fp32_head,  # the learner's precision, on both sides
     }
-    if rollout.engine == "vllm" and rollout.max_staleness > 0:
-        # overlapped stages read each sampled token's log-prob under the sampling distribution
+    if rollout.engine == "vllm" and rollout.records_behaviour_logprobs:
+        # the rollout correction reads each sampled token's log-prob under the sampling
+        # distribution (DESIGN §12)
         options["logprobs_mode"] = "processed_logprobs"
     if rollout.engine == "vllm" and rollout.resources.num_gpus > 0:
         options["gpu_memory_utilization"] = rollout.gpu_memory_utilization

@@ -1,6 +1,7 @@
 """The learner in-process: teacher-forced log-probs, the update's direction, the trust region's
 restore, micro-batch accumulation and state round trips."""
 
+import copy
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from satseq.actors.learner import (
     TrustRegionSpec,
 )
 from satseq.actors.trajectory import Trajectory, pad_batch
+from satseq.algo.kl import kl_quantile
 from satseq.algo.logprobs import token_logprobs
 
 
@@ -116,6 +118,87 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(raw_tiny_model):
     assert step_full.norm() > 0
     # float32 sums in another order agree to ~1e-6 relative; a wrong weighting is O(1) off
     assert (step_full - step_micro).norm() / step_full.norm() < 1e-4
+
+
+def uneven_trajectories(tokenizer):
+    """Responses of very different lengths (1 to ~40 tokens), where a token mean and a mean of
+    sequence means differ most."""
+    counts = " ".join(str(n) for n in range(1, 21))
+    prompts, responses = ["1+2=", "3+4=", "5+6=", "7+8="], ["3", counts, "11", counts + " ok"]
+    out = []
+    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        ids = tokenizer.encode(response, add_special_tokens=False)
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        out.append(Trajectory(i, prompt_ids, ids, [1] * len(ids), [0] * len(ids), "stop"))
+    return out
+
+
+@pytest.mark.parametrize(("ratio", "aggregation"), [("seq", "seq_mean"), ("token", "token_mean")])
+def test_a_penalised_step_is_the_same_for_any_micro_batch_split(raw_tiny_model, ratio, aggregation):
+    """DESIGN §4: the KL penalty is aggregated as the policy term, so the second epoch's step
+    (where θ ≠ π_cur and β acts) is the same with micro-batches of 4 and of 1 over sequences
+    of 1 to 40 tokens. (A token mean inside each micro-batch, weighted by sequence count, made
+    the seq-mean penalty depend on the split.)"""
+    steps = []
+    for micro in (4, 1):
+        learner = make_learner(
+            raw_tiny_model,
+            micro_batch_size=micro,
+            kl_coef=5.0,
+            target_kl=1e9,
+            ppo_epochs=2,
+            loss=LossSpec(ratio=ratio, aggregation=aggregation),
+        )
+        learner.policy.optimizer = torch.optim.SGD(learner.policy.model.parameters(), lr=0.5)
+        initial = learner.weights()
+        batch = uneven_trajectories(learner.policy.tokenizer)
+        A = torch.tensor([1.0, -0.5, 0.3, -1.0])
+        result = learner.update(batch, learner.logprobs(batch), A, torch.ones(4))
+        assert result.kl_penalty > 1e-4  # the second step paid a visible penalty
+        steps.append(torch.cat([(v - initial[k]).flatten() for k, v in learner.weights().items()]))
+    whole, split = steps
+    assert (whole - split).norm() / whole.norm() < 1e-4
+
+
+def test_a_rejected_epoch_restores_a_non_empty_adamw_state(raw_tiny_model):
+    """The backtracking snapshot restores AdamW's moments and step count, not only weights:
+    after an accepted update, a rejected one leaves weights and optimiser state bit for bit as
+    the accepted one left them."""
+    learner = make_learner(raw_tiny_model, lr=1e-2, target_kl=1e9, mini_batch_size=2)
+    batch = trajectories(learner.policy.tokenizer)
+    A = torch.tensor([1.0, -0.5, 0.3, -1.0])
+    learner.update(batch, learner.logprobs(batch), A, torch.ones(4))
+    weights = learner.weights()
+    state = copy.deepcopy(learner.policy.optimizer.state_dict())
+    assert state["state"] and all(s["exp_avg_sq"].abs().sum() > 0 for s in state["state"].values())
+    learner.region.target_kl = 1e-12  # every attempt of the next update violates
+    result = learner.update(batch, learner.logprobs(batch), -A, torch.ones(4))
+    assert result.accepted_steps == 0 and result.backtracks == 3
+    assert all(torch.equal(weights[name], tensor) for name, tensor in learner.weights().items())
+    restored = learner.policy.optimizer.state_dict()
+    for index, saved in state["state"].items():
+        for key, value in saved.items():
+            assert torch.equal(
+                torch.as_tensor(restored["state"][index][key]), torch.as_tensor(value)
+            )
+
+
+def test_a_held_out_check_measures_rows_it_never_trains_on(raw_tiny_model):
+    """`kl_ctrl.measure_on: held_out`: the last rows are measured by the KL check (their
+    sequence KLs and q come from them) and never trained on (whatever their A, the weights are
+    those of an update on the training rows alone); logp_hat covers both rows' kinds."""
+    plain = make_learner(raw_tiny_model, lr=1e-2, target_kl=1e9, ppo_epochs=2)
+    rows = trajectories(plain.policy.tokenizer)
+    plain.update(rows[:2], None, torch.tensor([1.0, -0.5]), torch.ones(2))
+    learner = make_learner(raw_tiny_model, lr=1e-2, target_kl=1e9, ppo_epochs=2)
+    A = torch.tensor([1.0, -0.5, 5.0, 5.0])  # the held-out rows' A must not act
+    result = learner.update(rows, None, A, torch.ones(4), held_out=2)
+    trained = plain.weights()
+    assert all(torch.equal(trained[name], w) for name, w in learner.weights().items())
+    assert torch.isnan(result.sequence_kl[:2]).all() and (result.sequence_kl[2:] > 0).all()
+    assert result.kl_quantile == pytest.approx(kl_quantile(result.sequence_kl[2:], 0.1))
+    after = learner.logprobs(rows)
+    assert torch.allclose(result.logp_hat[:, : after.shape[1]], after, atol=1e-5)
 
 
 ON_POLICY_UPDATES = {

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from satseq.actors.learner.update import agent_rows, mini_batch_rows
+from satseq.actors.learner.micro_batches import agent_rows, mini_batch_rows
 from tests.actors.test_learner import make_learner, trajectories
 
 A = torch.tensor([1.0, -0.5, 0.3, -1.0])
@@ -17,10 +17,21 @@ def test_each_epoch_deals_the_agents_rows_into_fresh_shuffled_mini_batches(raw_t
     learner = make_learner(raw_tiny_model, mini_batch_size=2)
     rows = [0, 1, 2, 3, 4]
     first, second = mini_batch_rows(learner.policy, rows), mini_batch_rows(learner.policy, rows)
-    assert [len(batch) for batch in first] == [2, 2, 1]
+    assert [len(batch) for batch in first] == [3, 2]  # round(5 / 2) steps, no step on 1 row
     assert sorted(row for batch in first for row in batch) == rows  # each row once an epoch
     assert sorted(row for batch in second for row in batch) == rows
     assert first != second  # the next epoch draws its own order
+
+
+@pytest.mark.parametrize(
+    ("n_rows", "size", "sizes"),
+    [(9, 4, [5, 4]), (8, 4, [4, 4]), (7, 4, [4, 3]), (5, 4, [5]), (13, 4, [5, 4, 4]), (1, 4, [1])],
+)
+def test_a_remainder_is_spread_not_stepped_on_alone(raw_tiny_model, n_rows, size, sizes):
+    """round(N / size) mini-batches whose sizes differ by at most one: 9 rows by 4 give 5 and 4,
+    never a full Adam step on a remainder of one row (4, 4, 1)."""
+    learner = make_learner(raw_tiny_model, mini_batch_size=size)
+    assert [len(batch) for batch in mini_batch_rows(learner.policy, list(range(n_rows)))] == sizes
 
 
 def test_the_rows_are_those_holding_the_agents_trained_tokens(raw_tiny_model):

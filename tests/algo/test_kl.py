@@ -1,13 +1,22 @@
-"""KL(π_θ ‖ π_cur): exact, k3, per-sequence, quantile."""
+"""KL(π_θ ‖ π_cur): exact, k3, per-sequence, quantile, and the level an outcome certifies."""
 
 import math
 
 import pytest
+import scipy.stats
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from satseq.algo.kl import dkw_slack, kl_exact, kl_k3, kl_quantile, sequence_kl
+from satseq.algo.binomial import binomial_cdf, clopper_pearson_upper
+from satseq.algo.kl import (
+    certified_alpha,
+    kl_exact,
+    kl_k3,
+    kl_quantile,
+    sequence_kl,
+    units_to_certify,
+)
 from satseq.algo.logprobs import token_logprobs
 
 
@@ -63,53 +72,72 @@ def test_quantile_by_hand():
         kl_quantile(seq_kl, alpha=1.5)
 
 
-def test_dkw_slack_by_hand():
-    # ε = sqrt(ln(2/η) / (2N)): η = 0.05, N = 128 → sqrt(3.68888 / 256) = 0.120040
-    assert dkw_slack(128, 0.05) == pytest.approx(math.sqrt(math.log(40) / 256))
-    assert dkw_slack(128, 0.05) == pytest.approx(0.120040, abs=1e-6)
+def test_clopper_pearson_by_hand_and_against_scipy():
+    # k = 0: 1 − η^(1/n); the maximum over N = 128 units certifies 0.023 (DESIGN §4)
+    assert clopper_pearson_upper(0, 128, 0.05) == pytest.approx(1 - 0.05 ** (1 / 128))
+    assert clopper_pearson_upper(0, 128, 0.05) == pytest.approx(0.023132, abs=1e-6)
+    # k = 1 of 2 at η = 0.05: P(X ≤ 1) = 1 − p² = 0.05 → p = sqrt(0.95)
+    assert clopper_pearson_upper(1, 2, 0.05) == pytest.approx(math.sqrt(0.95), abs=1e-12)
+    assert clopper_pearson_upper(5, 5, 0.05) == 1.0
+    for k, n, eta in [(3, 40, 0.05), (17, 96, 0.01), (1, 12, 0.2), (250, 1000, 0.05)]:
+        expected = scipy.stats.beta.ppf(1 - eta, k + 1, n - k)
+        assert clopper_pearson_upper(k, n, eta) == pytest.approx(expected, rel=1e-9)
     with pytest.raises(ValueError, match="eta"):
-        dkw_slack(10, 1.0)
+        clopper_pearson_upper(1, 10, 1.0)
+    with pytest.raises(ValueError, match="k <= n"):
+        clopper_pearson_upper(11, 10, 0.05)
 
 
-def test_dkw_quantile_is_an_order_statistic_with_the_slack():
-    seq_kl = torch.arange(1, 201, dtype=torch.float64) / 100  # 0.01 … 2.00, sorted
-    # N = 200, α = 0.1, η = 0.05: ε = sqrt(ln 40 / 400) = 0.09603, level 0.99603,
-    # k + 1 = ceil(199.206) = 200: the maximum
-    assert kl_quantile(seq_kl, alpha=0.1, dkw_eta=0.05) == 2.0
-    # α = 0.2, η = 0.5: ε = sqrt(ln 4 / 400) = 0.05887, level 0.85887 → rank ceil(171.77) = 172
-    assert kl_quantile(seq_kl, alpha=0.2, dkw_eta=0.5) == pytest.approx(1.72)
-    # the in-sample quantile it replaces: 0.8 → index 159.2 → 1.602
-    assert kl_quantile(seq_kl, alpha=0.2) == pytest.approx(1.602)
+def test_units_to_certify_by_hand():
+    # ⌈ln 0.05 / ln 0.99⌉ = ⌈298.07⌉ = 299: sat_seq.yaml's α 0.01 needs 299 prompts an agent
+    assert units_to_certify(0.01, 0.05) == 299
+    assert units_to_certify(0.1, 0.05) == 29  # ⌈28.43⌉
+    for alpha, eta in [(0.01, 0.05), (0.1, 0.05), (0.2, 0.5)]:
+        n = units_to_certify(alpha, eta)
+        assert clopper_pearson_upper(0, n, eta) <= alpha < clopper_pearson_upper(0, n - 1, eta)
 
 
-def test_small_samples_check_their_maximum():
-    """At ~128 sequences, 1 − α + ε ≥ 1 for α = 0.1: the check is on the worst sequence."""
-    seq_kl = torch.rand(128, generator=torch.Generator().manual_seed(0))
-    assert kl_quantile(seq_kl, alpha=0.1, dkw_eta=0.05) == float(seq_kl.max())
-    assert kl_quantile(seq_kl, alpha=0.1) < float(seq_kl.max())
+def test_certified_alpha_counts_prompts_not_sequences():
+    """Two prompts of three sequences: prompt 7 has one sequence above target, prompt 3 none →
+    k = 1 of n = 2 units (not 1 of 6 sequences); a NaN KL (weights not finite) counts above."""
+    seq_kl = torch.tensor([0.01, 0.2, 0.0, 0.01, 0.02, 0.03])
+    units = torch.tensor([7, 7, 7, 3, 3, 3])
+    assert certified_alpha(seq_kl, units, 0.05, 0.05) == pytest.approx(math.sqrt(0.95))
+    assert certified_alpha(seq_kl, units, 0.5, 0.05) == pytest.approx(1 - 0.05**0.5)
+    seq_kl[4] = math.nan
+    assert certified_alpha(seq_kl, units, 0.5, 0.05) == pytest.approx(math.sqrt(0.95))
+
+
+def test_certified_alpha_covers_on_correlated_prompts():
+    """Simulated checks: each prompt's G = 8 sequences share its KL level (correlated), a share
+    p = 0.06 of prompts have sequences above target. At η = 0.1 the level certified from 40
+    prompts is ≥ p in ≥ 90 % of the stages; counting the 320 sequences as units (the old
+    reading) it is not: the units matter."""
+    generator = torch.Generator().manual_seed(0)
+    p, n, G, eta, stages = 0.06, 40, 8, 0.1, 2000
+    by_prompt = by_sequence = 0
+    for _ in range(stages):
+        shifted = torch.rand(n, generator=generator) < p  # the prompt's level is above target
+        level = torch.where(shifted, 0.1, 0.01).repeat_interleave(G)
+        seq_kl = level * (0.6 + 0.8 * torch.rand(n * G, generator=generator))
+        units = torch.arange(n).repeat_interleave(G)
+        by_prompt += certified_alpha(seq_kl, units, 0.05, eta) >= p
+        by_sequence += certified_alpha(seq_kl, torch.arange(n * G), 0.05, eta) >= p
+    assert by_prompt / stages >= 1 - eta
+    assert by_sequence / stages < 1 - eta
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    st.lists(st.floats(0, 10), min_size=1, max_size=60),
-    st.floats(0, 1),
-    st.floats(0.01, 0.99),
-)
-def test_dkw_quantile_covers_its_level_and_bounds_the_in_sample_one(values, alpha, eta):
-    """q is the smallest sample x with F̂(x) ≥ 1 − α + ε (the maximum when that is ≥ 1), so it
-    is never below the in-sample empirical quantile min{x : F̂(x) ≥ 1 − α}. (Not the linearly
-    interpolated one, which can lie above it: [0, 1] at α = ε = 0.94 gives q = 0 < 0.0625.)"""
-    seq_kl = torch.tensor(values, dtype=torch.float64)
-    q = kl_quantile(seq_kl, alpha, eta)
-    N = len(values)
-
-    def smallest_covering(level: float) -> float:  # min{x : N·F̂(x) ≥ N·level}, by counting
-        return min(x for x in values if sum(v <= x for v in values) >= level * N - 1e-9)
-
-    level = min(1 - alpha + dkw_slack(N, eta), 1.0)
-    assert q == smallest_covering(level)
-    assert float((seq_kl <= q).double().mean()) >= level - 1e-9
-    assert q >= smallest_covering(1 - alpha)
+@given(st.integers(1, 300), st.data(), st.floats(0.001, 0.5))
+def test_clopper_pearson_is_the_exact_binomial_bound(n, data, eta):
+    """At the bound, P(X ≤ k) = η (k < n); it grows with k and with confidence (smaller η)."""
+    k = data.draw(st.integers(0, n))
+    upper = clopper_pearson_upper(k, n, eta)
+    assert k / n <= upper <= 1.0
+    if k < n:
+        assert binomial_cdf(k, n, upper) == pytest.approx(eta, rel=1e-6, abs=1e-12)
+        assert clopper_pearson_upper(k + 1, n, eta) >= upper
+        assert clopper_pearson_upper(k, n, eta / 2) >= upper
 
 
 @settings(max_examples=60, deadline=None)

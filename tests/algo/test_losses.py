@@ -186,6 +186,19 @@ def test_aggregations_by_hand():
     )
 
 
-def test_kl_penalty_is_token_mean_times_beta():
-    kl = torch.tensor([[0.1, 0.3, 9.0]])
-    assert kl_penalty(kl, torch.tensor([[1.0, 1.0, 0.0]]), beta=0.5).item() == pytest.approx(0.1)
+def test_kl_penalty_is_aggregated_as_the_policy_loss():
+    """β · KL with the policy term's weights: a sequence of 10 tokens at KL 1 and one of 100 at
+    KL 0 give β·10/110 token-mean and β·(1 + 0)/2 seq-mean, however the rows are cut into
+    micro-batches (each weighted by its share of the normaliser, as the learner does)."""
+    kl = torch.zeros(2, 100)
+    kl[0, :10] = 1.0
+    mask = torch.zeros(2, 100)
+    mask[0, :10], mask[1, :] = 1.0, 1.0
+    beta = 0.5
+    assert kl_penalty(kl, mask, beta, "token_mean").item() == pytest.approx(beta * 10 / 110)
+    assert kl_penalty(kl, mask, beta, "seq_mean").item() == pytest.approx(beta * 0.5)
+    for how, share in (("token_mean", mask.sum(-1) / mask.sum()), ("seq_mean", [0.5, 0.5])):
+        split = sum(
+            kl_penalty(kl[r : r + 1], mask[r : r + 1], beta, how) * share[r] for r in range(2)
+        )
+        assert split.item() == pytest.approx(kl_penalty(kl, mask, beta, how).item())

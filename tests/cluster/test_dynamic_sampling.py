@@ -9,6 +9,7 @@ from satseq.cluster.recipes.stage_rollouts import dynamically_sampled
 from satseq.cluster.team import start_in_process
 from satseq.cluster.training_data import training_problems
 from satseq.config import QUICKSTART, ConfigError, load_config
+from tests.cluster.test_recipe_wiring import RecordingRuntime
 
 
 def scored(problems, rewards_of):
@@ -42,6 +43,24 @@ def test_rounds_keep_groups_with_a_gradient_and_draw_in_order_until_b_are_kept()
     assert calls == [(["a", "b"], 0, 0), (["c", "d"], 2, 1)]
 
 
+def test_a_prompt_is_kept_by_the_groups_its_advantages_use():
+    """Multi-agent GRPO: a prompt's 4 rollouts are two agents' groups of 2. Rewards (1, 1 | 0, 0)
+    give both groups A = 0: dropped, though its 4 rewards differ; (1, 0 | 1, 1) has one group
+    with a gradient: kept."""
+    rewards = {"a": (1, 1, 0, 0), "b": (1, 0, 1, 1), "c": (0, 0, 0, 0), "d": (0, 0, 0, 1)}
+    order = iter("cd")
+    sampled = dynamically_sampled(
+        ["a", "b"],
+        lambda problems, first, r: scored(problems, rewards),
+        lambda n: [next(order) for _ in range(n)],
+        4,
+        max_rounds=3,
+        group_size=2,
+    )
+    assert sampled.problems == ["b", "d"]
+    assert sampled.metrics["groups/drawn"] == 4
+
+
 def test_max_rounds_bounds_the_draws_and_the_stage_trains_on_what_it_kept():
     rewards = {p: (0, 0) for p in "abcdef"} | {"e": (0, 1)}
     order = iter("cdef")
@@ -61,13 +80,14 @@ def quickstart_model(builtin_models):
     return load_config(QUICKSTART).team.agents[0].path
 
 
-@pytest.mark.parametrize("algorithm", ["sat_seq", "grpo"])
-def test_a_stage_trains_only_on_groups_with_a_gradient(quickstart_model, algorithm):
+@pytest.mark.parametrize(("algorithm", "n_agents"), [("sat_seq", 1), ("grpo", 1), ("grpo", 2)])
+def test_a_stage_trains_only_on_groups_with_a_gradient(quickstart_model, algorithm, n_agents):
+    agents = ", ".join(f"{{name: a{i}, path: '{quickstart_model}'}}" for i in range(n_agents))
     config = load_config(
         QUICKSTART,
         [
             f"algorithm.name={algorithm}",
-            f"team.agents=[{{name: a0, path: '{quickstart_model}'}}]",
+            f"team.agents=[{agents}]",
             "rollout.dynamic_sampling.enabled=true",
             "rollout.dynamic_sampling.max_rounds=3",
             "trainer.batch_size=8",
@@ -78,14 +98,21 @@ def test_a_stage_trains_only_on_groups_with_a_gradient(quickstart_model, algorit
         ],
     )
     recipe_class = RECIPES[algorithm]
-    runtime = start_in_process(config, recipe_class.learner_settings(config))
+    runtime = RecordingRuntime(start_in_process(config, recipe_class.learner_settings(config)))
     recipe = recipe_class(config, runtime, training_problems(config))
     result = recipe.run_stage(0)
     recipe.close()
     m = result.metrics
     trained = 6 if algorithm == "sat_seq" else 8  # SAT-Seq holds 2 of its 8 prompts out
     assert 1 <= m["groups/rounds"] <= 3 and m["groups/drawn"] >= trained
-    assert m["groups/kept"] <= trained and m["groups/degenerate_fraction"] == 0.0
+    # every kept prompt has an advantage group (an agent's G = 4 answers) whose rewards differ
+    batch = runtime.called("logprobs")[0][1][0]
+    per_prompt = 4 * n_agents
+    kept = batch.rewards[: m["groups/kept"] * per_prompt].view(-1, n_agents, 4)
+    differs = kept.amax(-1) > kept.amin(-1)  # [prompts, agents]
+    assert differs.any(-1).all()
+    assert m["groups/degenerate_fraction"] == pytest.approx(float((~differs).float().mean()))
+    assert m["groups/kept"] <= trained
     assert m["groups/kept"] == trained or m["groups/rounds"] == 3
     # every dropped group's tokens are counted (at least one token a response)
     assert (m["tokens/dropped"] > 0) == (m["groups/drawn"] > m["groups/kept"])

@@ -105,6 +105,25 @@ def expected_is_weights(batch, logp_cur, logp_new, updated, max_log_ratio):
     return torch.tensor(c)
 
 
+def expected_correction(batch, logp_cur, cap, level):
+    """The rollout correction by hand: π_cur/π_behaviour of each model-written token (every
+    owner's), or of each row's product, truncated at `cap`; [N, T] (1 off the tokens) or [N]."""
+    N, T = batch.response_mask.shape
+    tokens = [
+        [(r, t) for t in range(T) if batch.response_mask[r, t] > 0 and batch.owner_ids[r, t] >= 0]
+        for r in range(N)
+    ]
+    if level == "sequence":
+        log_w = [sum(float(logp_cur[r, t] - batch.behaviour_logprobs[r, t]) for r, t in row)
+                 for row in tokens]  # fmt: skip
+        return torch.tensor([min(cap, math.exp(x)) for x in log_w])
+    w = torch.ones(N, T)
+    for row in tokens:
+        for r, t in row:
+            w[r, t] = min(cap, math.exp(float(logp_cur[r, t] - batch.behaviour_logprobs[r, t])))
+    return w
+
+
 @pytest.mark.parametrize("topology", ["mixture", "chain"])
 def test_sat_seq_updates_in_order_and_pushes_each_agent_before_the_next(quickstart_model, topology):
     runtime, _, result = one_stage(
@@ -132,21 +151,23 @@ def test_sat_seq_is_weights_cover_exactly_the_tokens_of_agents_updated_before(
         quickstart_model, "sat_seq", 2, "sat_seq.scheduler=static", f"team.topology={topology}"
     )
     (first, second) = runtime.called("update")
-    _, (i0, batch, rows0, logp_cur, _, c0), _ = first
-    _, (i1, _, rows1, _, _, c1), _ = second
+    _, (i0, batch, rows0, logp_cur, _, c0, _), _ = first
+    _, (i1, _, rows1, _, _, c1, _), _ = second
     assert (i0, i1) == (0, 1)
     # every agent now holds its updated weights (each was updated once)
     logp_new = runtime.runtime.logprobs(batch)
     max_log_ratio = recipe.config.sat_seq.max_log_ratio
-    assert torch.equal(c0, torch.ones_like(c0))  # nobody was updated before agent 0
+    # nobody was updated before agent 0: c is the rollout correction of each trajectory alone
+    w = expected_correction(batch, logp_cur, 2.0, "sequence")
+    torch.testing.assert_close(c0, w, atol=1e-6, rtol=1e-6)
     train = range(batch.n_train)  # held-out rows never enter an update
-    expected = expected_is_weights(batch, logp_cur, logp_new, {0}, max_log_ratio)
+    expected = w * expected_is_weights(batch, logp_cur, logp_new, {0}, max_log_ratio)
     torch.testing.assert_close(c1[train], expected[train], atol=1e-5, rtol=1e-5)
-    if topology == "mixture":  # one writer per trajectory: agent 1's own rows carry c = 1
+    if topology == "mixture":  # one writer per trajectory: agent 1's own rows carry c = w
         own0 = owner_mask(batch.owner_ids, [0], batch.response_mask)
         assert not torch.allclose(logp_new * own0, logp_cur * own0)  # agent 0 moved
-        assert torch.equal(c1[rows1], torch.ones(len(rows1)))
-        assert (c1[rows0] < 1).any()
+        torch.testing.assert_close(c1[rows1], w[rows1])
+        assert (c1[rows0] < w[rows0] - 1e-3).any()
     else:  # every chain holds agent 0's turn: every trajectory is reweighted by its moves
         assert rows0 == rows1 == list(train)
 
@@ -158,9 +179,17 @@ def test_grpo_updates_every_agent_at_once_on_its_own_groups(quickstart_model):
         assert agent_rows and all(
             set(batch.trajectories[r].owner_ids) == {agent} for r in agent_rows
         )
-    assert torch.equal(c, torch.ones_like(c))  # on-policy: no IS weights
+    # no IS weights between agents: c is each token's rollout correction, π_cur/π_behaviour
+    ((_, (logp_batch,), logp_cur),) = runtime.called("logprobs")
+    assert logp_batch is batch
+    torch.testing.assert_close(c, expected_correction(batch, logp_cur, 2.0, "token"))
     assert_engines_hold_the_learners_weights(runtime)
     assert result.metrics["accepted/a1"] == 1
+    # with the correction off, on-policy GRPO takes logp_cur from each learner's first pass
+    runtime, _, _ = one_stage(quickstart_model, "grpo", 2, "rollout.correction.mode=off")
+    ((_, (_, _, logp_cur, _, c), _),) = runtime.called("update_all")
+    assert logp_cur is None and torch.equal(c, torch.ones_like(c))
+    assert not runtime.called("logprobs")
 
 
 def test_spo_updates_the_trackers_of_the_drawn_prompts_after_the_step(quickstart_model):

@@ -91,6 +91,13 @@ def test_a_missed_budget_keeps_the_outgoing_agent_and_retries_at_the_next_stage(
     assert_engine_holds_learner_weights(runtime, 1)
     retried = apply_swaps(runtime, config, recipe, 2, tmp_path)  # still due at the next stage
     assert retried["swap/a1/steps"] == 3 and retried["swap/a1/swapped"] == 0
+    # the retry went on from the missed attempt's weights: on the same prompts, a fresh start
+    # from π_pre (the attempt forgotten) begins farther from π_cur and ends farther
+    (attempt,) = tmp_path.glob("attempt_a1_*.pt")
+    attempt.unlink()
+    fresh = apply_swaps(runtime, config, recipe, 2, tmp_path)
+    assert retried["swap/a1/kl_before"] < fresh["swap/a1/kl_before"] - 0.1
+    assert retried["swap/a1/kl"] < fresh["swap/a1/kl"] - 0.1
 
 
 def test_on_budget_missed_keep_goes_on_with_the_incoming_agent(raw_tiny_model, tmp_path):

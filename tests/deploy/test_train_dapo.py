@@ -45,6 +45,13 @@ def test_ppo_mini_batches_in_prompts_become_trajectories():
     assert (config.trainer.mini_batch_size, config.trainer.ppo_epochs) == (16 * G, 2)
 
 
+def test_the_group_size_is_the_runs_after_a_later_set():
+    """A --set among the arguments wins over the file: 16 prompts × the run's G = 2."""
+    params = dry_run({"PPO_MINI_BATCH_SIZE": "16"}, "--set", "sat_seq.group_size=2")
+    config = load_config(params["config"], params["set_"])
+    assert (config.sat_seq.group_size, config.trainer.mini_batch_size) == (2, 32)
+
+
 def test_script_is_executable():
     assert os.access(TRAIN_DAPO, os.X_OK)
 

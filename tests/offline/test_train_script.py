@@ -93,13 +93,19 @@ def test_spo_variables_map_to_config_keys(tmp_path):
         ({"METHOD": "GRPO"}, 16 * 8),  # configs/grpo.yaml's group_size: 8
         ({"METHOD": "GRPO", "N_TRAIN": "4"}, 16 * 4),
         ({"METHOD": "SPO"}, 16),  # one response per prompt
+        ({"METHOD": "GRPO", "ARGS": "--set grpo.group_size=2"}, 16 * 2),  # a later --set wins
+        ({"METHOD": "GRPO", "ARGS": "--set=grpo.group_size=2"}, 16 * 2),
     ],
 )
 def test_ppo_mini_batches_in_prompts_become_trajectories(variables, trajectories):
     """verl counts ppo_mini_batch_size in prompts, each with its responses; satseq's
-    trainer.mini_batch_size counts trajectories."""
+    trainer.mini_batch_size counts trajectories, with the run's group size."""
+    variables = dict(variables)
+    args = variables.pop("ARGS", "").split()
     command = printed_command(
-        run_script(variables | {"PPO_MINI_BATCH_SIZE": "16", "PPO_EPOCHS": "2", "DRY_RUN": "1"})
+        run_script(
+            variables | {"PPO_MINI_BATCH_SIZE": "16", "PPO_EPOCHS": "2", "DRY_RUN": "1"}, *args
+        )
     )
     trainer = resolved_config(command)["trainer"]
     assert (trainer["mini_batch_size"], trainer["ppo_epochs"]) == (trajectories, 2)

@@ -139,9 +139,11 @@ class Learner:
         logp_cur: torch.Tensor | None,
         A: torch.Tensor,
         c: torch.Tensor,
+        held_out: int = 0,
     ) -> UpdateResult:
-        """`ppo_epochs` trust-region epochs on the agent's tokens (`update.run_update`)."""
-        return run_update(self.policy, self.region, trajectories, logp_cur, A, c)
+        """`ppo_epochs` trust-region epochs on the agent's tokens (`update.run_update`); the
+        last `held_out` trajectories are only measured by the KL check."""
+        return run_update(self.policy, self.region, trajectories, logp_cur, A, c, held_out)
 
     @forward_pass
     def policy_states(self, trajectories: list[Trajectory]) -> PolicyStates:

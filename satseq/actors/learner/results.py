@@ -15,6 +15,8 @@ class UpdateResult:
     """What one agent's update did. logp_hat [N, T]: log-probs of the batch under the weights
     the agent holds afterwards (the stage-start ones where every epoch was rejected); None, and
     kl_quantile NaN, where the epochs were not measured (`TrustRegionSpec.measure`).
+    sequence_kl [N]: each row's KL(π_θ ‖ π_cur) under those weights, for the rows the check
+    measured (NaN for the others, +inf where it is not finite); None where not measured.
     steps: each epoch's trust-region outcome. loss, clip_fraction, kl_penalty (β·KL, mean over
     its optimiser steps) and ratio_max: of the last attempt of the last epoch.
     optimizer_steps: the optimiser steps of the epochs that were kept; skipped_steps: steps
@@ -29,6 +31,7 @@ class UpdateResult:
     tokens: int
     seconds: float
     peak_memory_gib: float | None = None
+    sequence_kl: torch.Tensor | None = None
     kl_penalty: float = 0.0
     ratio_max: float = 0.0
     optimizer_steps: int = 0

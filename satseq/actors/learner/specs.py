@@ -39,7 +39,6 @@ class TrustRegionSpec:
     kl_coef: float = 0.01  # the initial β_i
     target_kl: float = 0.05
     alpha: float = 0.1  # the KL quantile is the (1 − α) quantile
-    dkw_eta: float | None = 0.05  # DKW slack at confidence 1 − η on the quantile; None: none
     beta_growth: float = 1.5
     step_shrink: float = 0.5
     max_backtracks: int = 3

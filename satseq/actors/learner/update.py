@@ -1,8 +1,9 @@
 """One agent's update (DESIGN §3 step 6, §4), top to bottom: `run_update` makes `ppo_epochs`
 passes over the agent's stage batch; each `trust_region_epoch` takes the epoch's optimiser steps,
 one per shuffled mini-batch of `mini_batch_size` trajectories, then checks the KL quantile over
-the whole batch, and on a violation restores the epoch's start, grows β and retries it; each
-`optimizer_step` is one AdamW step on the loss, summed over its micro-batches.
+the whole batch (or the held-out rows), and on a violation restores the epoch's start, grows β
+and retries it; each `optimizer_step` is one AdamW step on the loss, summed over its
+micro-batches (the batch bookkeeping is `micro_batches.py`).
 
 logp_cur (the proximal policy of the loss) stays fixed for the whole update, so the ratio r
 departs from 1 after the first step and the clip and β act. Memory: the exact KL's π_cur is the
@@ -16,58 +17,30 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from satseq.actors.forward import response_hidden_states, response_positions, scatter_response
+from satseq.actors.learner.micro_batches import (
+    MicroBatch,
+    StageReference,
+    agent_micro_batches,
+    agent_rows,
+    mini_batch_count,
+    mini_batch_rows,
+)
 from satseq.actors.learner.policy import AgentPolicy
 from satseq.actors.learner.results import UpdateResult
 from satseq.actors.residency import peak_memory_gib, reset_peak_memory
 from satseq.actors.sharding import clip_grad_norm_
-from satseq.actors.trajectory import PaddedBatch, Trajectory
+from satseq.actors.trajectory import Trajectory
 from satseq.algo.kl import kl_k3, kl_quantile, sequence_kl
-from satseq.algo.lm_head import OutputLayer, chunked_logprobs_and_kl
-from satseq.algo.losses import kl_penalty, policy_loss
-from satseq.algo.masks import owner_mask
+from satseq.algo.lm_head import chunked_logprobs_and_kl
+from satseq.algo.losses import PolicyLoss, kl_penalty, policy_loss
 from satseq.algo.trust_region import StepDecision, StepOutcome, TrustRegion
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class MicroBatch:
-    """One micro-batch: its rows of the batch, tensors on the learner's device, agent i's token
-    mask [n, T_mb] and its share of its step's loss normaliser. A sharded rank's stand-in
-    (real=False) has weight 0 and its results are dropped."""
-
-    rows: list[int]
-    batch: PaddedBatch
-    mask: torch.Tensor
-    weight: float
-    real: bool = True
-
-
-@dataclass
-class StageReference:
-    """What the exact KL needs of π_cur (the stage-start policy): its output layer, and its last
-    hidden states at each trajectory's response states ([T_row, H] per row), taken while π_θ is
-    still π_cur instead of from a second model."""
-
-    layer: OutputLayer | None = None
-    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
-
-    def record(self, mb: MicroBatch, hidden: torch.Tensor, layer: OutputLayer, dtype) -> None:
-        """π_cur at micro-batch `mb`'s response states (hidden [M, H], row-major)."""
-        if self.layer is None:
-            self.layer = layer.detached_copy(dtype)
-        lengths = mb.batch.response_lengths.tolist()
-        for row, states in zip(mb.rows, hidden.detach().split(lengths), strict=True):
-            self.hidden.setdefault(row, states.to(dtype))
-
-    def states(self, mb: MicroBatch) -> torch.Tensor:
-        """π_cur's hidden states at `mb`'s response states, [M, H] row-major."""
-        return torch.cat([self.hidden[row] for row in mb.rows])
 
 
 @dataclass
@@ -101,19 +74,22 @@ class Attempt:
     stats: StepStats
     kl_quantile: float
     logp_new: torch.Tensor | None  # [N, T] under the weights after the epoch, where measured
+    sequence_kl: torch.Tensor | None  # [N]: each checked row's KL (+inf: not finite), else NaN
 
 
 @dataclass
 class UpdateContext:
-    """What every level of one update reads: the policy, the agent's whole batch as fixed
-    micro-batches (the KL check and logp_hat run over them), the behaviour log-probs logp_cur
-    [N, T], the advantages A and IS weights c [N], and π_cur's reference for the exact KL (None
-    with k3). record_behaviour: the first step's forward pass writes logp_cur and the reference
-    (the update is one step per epoch; otherwise `reference_pass` filled them first)."""
+    """What every level of one update reads: the policy, the agent's whole training batch as
+    fixed micro-batches, the rows the KL check measures (`checked`: the training batch, or the
+    held-out rows), the behaviour log-probs logp_cur [N, T], the advantages A [N] and weights c
+    ([N], or [N, T] per token), and π_cur's reference for the exact KL (None with k3).
+    record_behaviour: the first step's forward pass writes logp_cur and the reference (the
+    update is one step per epoch; otherwise `reference_pass` filled them first)."""
 
     policy: AgentPolicy
     trajectories: list[Trajectory]
     whole_batch: list[MicroBatch]
+    checked: list[MicroBatch]
     logp_cur: torch.Tensor
     A: torch.Tensor
     c: torch.Tensor
@@ -128,36 +104,37 @@ def run_update(
     logp_cur: torch.Tensor | None,
     A: torch.Tensor,
     c: torch.Tensor,
+    held_out: int = 0,
 ) -> UpdateResult:
     """`ppo_epochs` trust-region epochs on the agent's tokens of `trajectories`.
 
     logp_cur [N, T]: behaviour log-probs (stage-start weights, sampling temperature); None
     when the behaviour policy is this learner's weights as they are now: they are then taken
     from a forward pass of those weights (the first step's, when an epoch is one step).
-    A, c [N]: advantages and truncated IS weights per trajectory.
+    A [N]: advantages; c [N] or [N, T]: the weights of each trajectory (SAT-Seq's IS weights, a
+    sequence-level rollout correction) or token (a token-level one).
+    held_out: the last `held_out` trajectories are never trained on, and the KL check measures
+    them instead of the training rows (`kl_ctrl.measure_on: held_out`); 0: the training rows.
     """
     started = time.perf_counter()
     reset_peak_memory(policy.device)
     spec = policy.spec
-    whole_batch, tokens = agent_micro_batches(policy, trajectories)
-    record_behaviour = logp_cur is None
-    if record_behaviour:
-        T = max((len(t.response_ids) for t in trajectories), default=1)
-        logp_cur = torch.zeros(len(trajectories), max(T, 1), device="cpu")
-    reference = StageReference() if spec.trust_region.kl_estimator == "exact" else None
-    ctx = UpdateContext(
-        policy, trajectories, whole_batch, logp_cur, A, c, reference, record_behaviour
-    )
-    rows = agent_rows(policy, trajectories)
-    one_step_epochs = spec.mini_batch_size is None or spec.mini_batch_size >= len(rows)
-    if whole_batch and not one_step_epochs:
-        reference_pass(ctx)
-    logp_hat = None  # the agent's tokens under the weights of the last applied epoch
+    ctx, tokens = update_context(policy, trajectories, logp_cur, A, c, held_out)
+    rows = agent_rows(policy, trajectories[: len(trajectories) - held_out])
+    one_step_epochs = mini_batch_count(len(rows), spec.mini_batch_size) == 1
+    if ctx.whole_batch and (ctx.reference is not None or ctx.record_behaviour):
+        # π_cur's states and logp_cur before θ moves: of the held-out rows, and of the
+        # training rows unless the first step's forward pass records them
+        if held_out:
+            reference_pass(ctx, ctx.checked)
+        if not one_step_epochs:
+            reference_pass(ctx, ctx.whole_batch)
+            ctx.record_behaviour = False
     epochs: list[StepOutcome] = []
     attempts: list[Attempt] = []
-    for epoch in range(spec.ppo_epochs if whole_batch else 0):
+    for epoch in range(spec.ppo_epochs if ctx.whole_batch else 0):
         steps = (
-            [whole_batch]
+            [ctx.whole_batch]
             if one_step_epochs
             else [
                 agent_micro_batches(policy, trajectories, mini_batch)[0]
@@ -167,13 +144,11 @@ def run_update(
         outcome, epoch_attempts = trust_region_epoch(ctx, region, epoch, steps)
         epochs.append(outcome)
         attempts += epoch_attempts
-        if outcome.applied:
-            logp_hat = epoch_attempts[-1].logp_new
-    if logp_hat is None and spec.trust_region.measure:  # every epoch rejected
-        logp_hat = ctx.logp_cur.clone()
+    logp_hat, sequence_kl = final_measurements(ctx, epochs, attempts)
     last = attempts[-1].stats if attempts else StepStats()
     return UpdateResult(
         logp_hat=logp_hat,
+        sequence_kl=sequence_kl,
         steps=epochs,
         loss=last.loss,
         clip_fraction=last.clip_fraction,
@@ -185,6 +160,54 @@ def run_update(
         optimizer_steps=sum(attempt.stats.steps for attempt in _kept(attempts, epochs)),
         skipped_steps=sum(attempt.stats.skipped for attempt in attempts),
     )
+
+
+def update_context(
+    policy: AgentPolicy,
+    trajectories: list[Trajectory],
+    logp_cur: torch.Tensor | None,
+    A: torch.Tensor,
+    c: torch.Tensor,
+    held_out: int,
+) -> tuple[UpdateContext, int]:
+    """The update's context (`run_update`'s arguments as micro-batches; logp_cur zeros to be
+    recorded where None) and the agent's training token count."""
+    n_train = len(trajectories) - held_out
+    whole_batch, tokens = agent_micro_batches(policy, trajectories, list(range(n_train)))
+    checked = whole_batch
+    if held_out:
+        checked = agent_micro_batches(
+            policy, trajectories, list(range(n_train, n_train + held_out))
+        )[0]
+    record_behaviour = logp_cur is None
+    if record_behaviour:
+        T = max((len(t.response_ids) for t in trajectories), default=1)
+        logp_cur = torch.zeros(len(trajectories), max(T, 1), device="cpu")
+    exact = policy.spec.trust_region.kl_estimator == "exact"
+    reference = StageReference() if exact else None
+    return UpdateContext(
+        policy, trajectories, whole_batch, checked, logp_cur, A, c, reference, record_behaviour
+    ), tokens
+
+
+def final_measurements(
+    ctx: UpdateContext, epochs: list[StepOutcome], attempts: list[Attempt]
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """logp_hat [N, T] and each checked row's sequence KL [N] under the weights the update
+    leaves: the last applied epoch's, or π_cur's (KL 0) where every epoch was rejected; None
+    where the epochs were not measured."""
+    if not ctx.policy.spec.trust_region.measure:
+        return None, None
+    if not attempts:
+        return ctx.logp_cur.clone(), None
+    kept = _kept(attempts, epochs)
+    if not kept:
+        measured = attempts[-1].sequence_kl
+        return ctx.logp_cur.clone(), torch.where(measured.isnan(), measured, 0.0)
+    logp_hat = kept[-1].logp_new
+    if ctx.checked is not ctx.whole_batch:  # the check measured the held-out rows only
+        logp_hat = training_logprobs(ctx, logp_hat)
+    return logp_hat, kept[-1].sequence_kl
 
 
 def trust_region_epoch(
@@ -206,10 +229,10 @@ def trust_region_epoch(
                 for k, micro_batches in enumerate(steps)
             ]
         )
-        q, logp_new = (
-            kl_quantile_and_logprobs(ctx) if spec.trust_region.measure else (float("nan"), None)
+        q, logp_new, sequence_kl = (
+            kl_check(ctx) if spec.trust_region.measure else (float("nan"), None, None)
         )
-        attempts.append(Attempt(stats, q, logp_new))
+        attempts.append(Attempt(stats, q, logp_new, sequence_kl))
         if spec.trust_region.measure and not math.isfinite(q):
             logger.warning(
                 "agent %d, epoch %d: the KL quantile after its steps is %s (the weights are not "
@@ -256,21 +279,10 @@ def optimizer_step(
             logp_cur[mb.rows, : logp.shape[1]] = (logp.detach() * mb.mask).float().cpu()
             if mb.real:
                 recorded.append((mb.rows, logp_cur[mb.rows, : logp.shape[1]]))
-        pl = policy_loss(
-            logp,
-            logp_cur[mb.rows, : mb.mask.shape[1]].to(policy.device),
-            ctx.A[mb.rows].to(policy.device),
-            mb.mask,
-            c=ctx.c[mb.rows].to(policy.device),
-            ratio=spec.loss.ratio,
-            eps_low=spec.loss.eps_low,
-            eps_high=spec.loss.eps_high,
-            dual_clip=spec.loss.dual_clip,
-            aggregation=spec.loss.aggregation,
-        )
+        pl = surrogate(ctx, mb, logp)
         loss = pl.loss
         if penalise:
-            penalty = kl_penalty(per_token_kl, mb.mask, beta)
+            penalty = kl_penalty(per_token_kl, mb.mask, beta, spec.loss.aggregation)
             loss = loss + penalty
             penalty_sum += float(penalty.detach()) * mb.weight
         (loss * (mb.weight * policy.group.world)).backward()  # FSDP2 averages over ranks
@@ -295,6 +307,26 @@ def optimizer_step(
         ratio_max=max(group.gather(ratio_max)),
         steps=1 if finite else 0,
         skipped=0 if finite else 1,
+    )
+
+
+def surrogate(ctx: UpdateContext, mb: MicroBatch, logp: torch.Tensor) -> PolicyLoss:
+    """The policy term of DESIGN §4 on micro-batch `mb` (log π_θ [n, T_mb]), against its rows'
+    logp_cur, advantages A and weights c (per trajectory, or per token)."""
+    loss, device = ctx.policy.spec.loss, ctx.policy.device
+    T_mb = mb.mask.shape[1]
+    c = ctx.c[mb.rows] if ctx.c.dim() == 1 else ctx.c[mb.rows, :T_mb]
+    return policy_loss(
+        logp,
+        ctx.logp_cur[mb.rows, :T_mb].to(device),
+        ctx.A[mb.rows].to(device),
+        mb.mask,
+        c=c.to(device),
+        ratio=loss.ratio,
+        eps_low=loss.eps_low,
+        eps_high=loss.eps_high,
+        dual_clip=loss.dual_clip,
+        aggregation=loss.aggregation,
     )
 
 
@@ -329,13 +361,14 @@ def logprobs_and_kl(
 
 
 @torch.no_grad()
-def reference_pass(ctx: UpdateContext) -> None:
-    """Before an update of several steps per epoch: π_cur's reference states (exact KL) and,
-    with record_behaviour, the behaviour log-probs logp_cur, from one forward pass over the
-    whole batch while θ is still π_cur (later steps' forward passes run other weights)."""
+def reference_pass(ctx: UpdateContext, micro_batches: list[MicroBatch]) -> None:
+    """π_cur's reference states (exact KL) and, with record_behaviour, the behaviour log-probs
+    logp_cur of `micro_batches`, from a forward pass while θ is still π_cur (before an update
+    of several steps per epoch, whose later forward passes run other weights; and of the
+    held-out rows the check measures)."""
     policy = ctx.policy
     recorded = []
-    for mb in ctx.whole_batch:
+    for mb in micro_batches:
         with policy.autocast():
             logp, _ = logprobs_and_kl(ctx, mb, record_reference=True, with_kl=False)
         if ctx.record_behaviour and mb.real:
@@ -346,73 +379,50 @@ def reference_pass(ctx: UpdateContext) -> None:
         for part in policy.group.gather({r: h.cpu() for r, h in ctx.reference.hidden.items()}):
             for row, states in part.items():
                 ctx.reference.hidden.setdefault(row, states.to(policy.device))
-    ctx.record_behaviour = False
 
 
 @torch.no_grad()
-def kl_quantile_and_logprobs(ctx: UpdateContext) -> tuple[float, torch.Tensor]:
-    """After an epoch: q over the agent's sequences of the whole batch (of every rank), with
-    the DKW slack `kl_ctrl.dkw_eta`, and the new log-probs [N, T] (rows without agent i's
-    tokens keep logp_cur)."""
+def kl_check(ctx: UpdateContext) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """After an epoch: q, the (1 − α) quantile of the per-sequence KLs over the checked rows
+    (of every rank); the new log-probs [N, T] of those rows (the others keep logp_cur); and
+    each row's sequence KL [N] (NaN for rows not checked, +inf where it is not finite)."""
     policy = ctx.policy
     computed = []
-    for mb in ctx.whole_batch:
+    for mb in ctx.checked:
         with policy.autocast():
             logp, per_token_kl = logprobs_and_kl(ctx, mb)
         if mb.real:
             owns = mb.mask.sum(-1) > 0
-            seq_kl = sequence_kl(per_token_kl, mb.mask)[owns]
-            computed.append((mb.rows, logp.cpu(), seq_kl.float().cpu()))
+            seq_kl = sequence_kl(per_token_kl, mb.mask).float().cpu()
+            rows = [row for row, own in zip(mb.rows, owns.tolist(), strict=True) if own]
+            computed.append((mb.rows, logp.cpu(), rows, seq_kl[owns.cpu()]))
     logp_new = ctx.logp_cur.clone()
-    seq_kls = []
-    for rows, logp, seq_kl in (part for parts in policy.group.gather(computed) for part in parts):
+    kls = torch.full((len(ctx.trajectories),), math.nan, device="cpu")
+    measured = []
+    for rows, logp, owning, seq_kl in (
+        part for parts in policy.group.gather(computed) for part in parts
+    ):
         logp_new[rows, : logp.shape[1]] = logp
-        seq_kls.append(seq_kl)
-    tr = policy.spec.trust_region
-    return kl_quantile(torch.cat(seq_kls), tr.alpha, tr.dkw_eta), logp_new
+        kls[owning] = seq_kl.nan_to_num(math.inf, math.inf, math.inf)
+        measured.append(seq_kl)
+    measured = torch.cat(measured) if measured else torch.zeros(1, device="cpu")  # none measured
+    return kl_quantile(measured, policy.spec.trust_region.alpha), logp_new, kls  # NaN: a violation
 
 
-def agent_micro_batches(
-    policy: AgentPolicy, trajectories: list[Trajectory], rows: list[int] | None = None
-) -> tuple[list[MicroBatch], int]:
-    """This rank's micro-batches of `rows` (default: every trajectory, in order) that hold
-    agent i's tokens (sharded: its share, with stand-ins), each weighted by its share of the
-    loss's normaliser (tokens or sequences) over all of them; and the agent's token count."""
-    spec = policy.spec
-    micro_batches = []
-    for mb_rows, batch in policy.micro_batches(trajectories, rows):
-        mask = owner_mask(batch.owner_ids, [spec.agent_index], batch.response_mask)
-        count = mask.sum() if spec.loss.aggregation == "token_mean" else (mask.sum(-1) > 0).sum()
-        if count > 0:
-            micro_batches.append(MicroBatch(mb_rows, batch, mask, float(count)))
-    total = sum(mb.weight for mb in micro_batches)
-    tokens = int(sum(float(mb.mask.sum()) for mb in micro_batches))
-    mine = []
-    for mb, real in policy.group.mine(micro_batches):
-        weight = mb.weight / total if real else 0.0
-        mine.append(
-            MicroBatch(mb.rows, mb.batch.to(policy.device), mb.mask.to(policy.device), weight, real)
-        )
-    return mine, tokens
-
-
-def agent_rows(policy: AgentPolicy, trajectories: list[Trajectory]) -> list[int]:
-    """The rows whose trajectory holds a token agent i wrote (and is trained on)."""
-    i = policy.spec.agent_index
-    return [
-        row
-        for row, t in enumerate(trajectories)
-        if any(o == i and m for o, m in zip(t.owner_ids, t.response_mask, strict=True))
-    ]
-
-
-def mini_batch_rows(policy: AgentPolicy, rows: list[int]) -> list[list[int]]:
-    """`rows` shuffled into mini-batches of `mini_batch_size` trajectories, with a seed every
-    rank shares (drawn from rank 0's torch RNG, which resume restores)."""
-    seed = policy.group.gather(int(torch.randint(2**62, ())))[0]
-    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed)).tolist()
-    size = policy.spec.mini_batch_size
-    return [[rows[i] for i in order[start : start + size]] for start in range(0, len(rows), size)]
+@torch.no_grad()
+def training_logprobs(ctx: UpdateContext, logp_new: torch.Tensor) -> torch.Tensor:
+    """`logp_new` [N, T] with the training rows' log-probs under the current weights filled in
+    (the check measured the held-out rows only)."""
+    policy = ctx.policy
+    computed = []
+    for mb in ctx.whole_batch:
+        with policy.autocast():
+            logp, _ = logprobs_and_kl(ctx, mb, with_kl=False)
+        if mb.real:
+            computed.append((mb.rows, logp.cpu()))
+    for rows, logp in (part for parts in policy.group.gather(computed) for part in parts):
+        logp_new[rows, : logp.shape[1]] = logp
+    return logp_new
 
 
 def _kept(attempts: list[Attempt], epochs: list[StepOutcome]) -> list[Attempt]:

@@ -25,7 +25,9 @@ from satseq.algo import (
     theorem_terms,
     truncated_is_weights,
     truncation_bias,
+    units_to_certify,
 )
+from satseq.algo.binomial import clopper_pearson_upper
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config.schema import RunConfig
 
@@ -35,6 +37,45 @@ R_MIN, R_MAX = 0.0, 1.0  # verifiable rewards are 0 or 1
 def holdout_size(config: RunConfig, n_prompts: int) -> int:
     """How many of a stage's `n_prompts` prompts (the last ones) certify it, never training."""
     return math.floor(config.algorithm.certificate.holdout_fraction * n_prompts)
+
+
+def checked_prompts(config: RunConfig, batch_size: int) -> int:
+    """The prompts of a stage of `batch_size` whose sequences an agent's KL check measures
+    (`kl_ctrl.measure_on`): the training or the held-out ones, where the agent answers (a
+    mixture team of more agents than G answers a G/n share of them)."""
+    held_out = holdout_size(config, batch_size)
+    measure_on = config.algorithm.kl_ctrl.measure_on
+    prompts = held_out if measure_on == "held_out" else batch_size - held_out
+    G, n = config.sat_seq.group_size, len(config.team.agents)
+    if config.team.topology == "mixture" and n > G:
+        return math.floor(prompts * G / n)
+    return prompts
+
+
+def certification_warning(config: RunConfig) -> str | None:
+    """Where no outcome of a stage's KL check can certify the configured α = 1 − quantile at
+    confidence 1 − η, even with no prompt above target_kl (DESIGN §4): what `satseq train` warns
+    at start, with the batch that would."""
+    if config.algorithm.name != "sat_seq":
+        return None
+    kl_ctrl = config.algorithm.kl_ctrl
+    alpha, eta = 1.0 - kl_ctrl.quantile, kl_ctrl.eta
+    B = config.trainer.batch_size
+    n = checked_prompts(config, B)
+    needed = units_to_certify(alpha, eta) if alpha > 0 else math.inf
+    if n >= needed:
+        return None
+    best = clopper_pearson_upper(0, n, eta) if n else 1.0
+    batch = B
+    while needed < math.inf and checked_prompts(config, batch) < needed:
+        batch += 1
+    where = "held-out" if kl_ctrl.measure_on == "held_out" else "training"
+    fix = f"trainer.batch_size ≥ {batch}" if needed < math.inf else "a quantile below 1"
+    return (
+        f"algorithm.kl_ctrl: each agent's KL check measures {n} {where} prompts a stage, which "
+        f"certify at best α = {best:.3g} at confidence {1 - eta:g} (trust/certified_alpha), "
+        f"not the configured 1 − quantile = {alpha:g}: that needs {needed} prompts ({fix})"
+    )
 
 
 TERMS_PREFIX = "cert/terms/"

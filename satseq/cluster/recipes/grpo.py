@@ -22,10 +22,11 @@ from satseq.cluster.recipes.stage_metrics import (
     update_metrics,
 )
 from satseq.cluster.recipes.stage_rollouts import (
-    MAX_LOG_RATIO,
     RolloutPlan,
+    corrected,
+    correction_weights,
     dynamically_sampled,
-    off_policy_weights,
+    needs_proximal_logprobs,
     overlap_metrics,
     rollout_queue,
 )
@@ -64,28 +65,28 @@ class GrpoRecipe:
         # scored 0/1; generated now, or during an earlier stage's updates (max_staleness)
         rt.set_progress("rollout")
         rollouts = self.queue.take(k, cfg.trainer.stages - 1)
-        problems = rollouts.plan.problems
         batch = StageBatch.build(rollouts.trajectories, n_agents)
         clock = lap(timings, "time/rollout", clock)
 
-        # 2. on-policy, the behaviour log-probs at the sampling temperature are each learner's
-        # own, taken in its update's first forward pass (logp_cur None); rollouts an older team
-        # generated need the stage-start ones, and weigh min(1, π_cur/π_behaviour)
-        logp_cur = rt.logprobs(batch) if rollouts.staleness > 0 else None
-        w_off = off_policy_weights(batch, logp_cur, rollouts, MAX_LOG_RATIO)
+        # 2. the proximal log-probs logp_cur at the sampling temperature (stage-start weights),
+        # and each token's rollout correction w_t = π_cur/π_behaviour (DESIGN §12: the engine's
+        # numerics, and an older team at K ≥ 1); with the correction off and K = 0, each
+        # learner's first forward pass gives logp_cur (None here)
+        logp_cur = rt.logprobs(batch) if needs_proximal_logprobs(cfg, rollouts) else None
+        correction = corrected(cfg, batch, logp_cur, "token")
         clock = lap(timings, "time/logprobs", clock)
 
-        # 3. A = (R − mean_G R) / (std_G R + 1e-6), verl's unbiased std, the baseline weighted by
-        # the off-policy weights; Dr.GRPO drops the std
+        # 3. A = (R − mean_G R) / (std_G R + 1e-6), verl's unbiased std; Dr.GRPO drops the std
         groups = group_advantages(
             batch.rewards.view(-1, G),
-            weights=w_off.view(-1, G) if rollouts.staleness > 0 else None,
             normalize_std=not cfg.grpo.dr_grpo,
             eps=1e-6,
             unbiased_std=True,
         )
         A = groups.advantages.flatten()
-        c = w_off  # no importance weights between agents: each updates on its own samples
+        # no importance weights between agents (each updates on its own samples): c is the
+        # rollout correction alone
+        c = correction_weights(correction, len(batch.trajectories))
 
         # 4. every agent's PPO-clip update, in parallel, then the engines get the new weights
         rt.set_progress("update")
@@ -102,10 +103,10 @@ class GrpoRecipe:
             **stage_metrics(rt, batch, per_agent),
             # a prompt's n·G samples are contiguous: the team votes over all of them
             "reward/team_vote": team_vote_accuracy(rt.scorer, batch.trajectories, n_agents * G),
-            "groups/degenerate_fraction": groups.degenerate_groups / (len(problems) * n_agents),
+            "groups/degenerate_fraction": groups.degenerate_groups / max(len(groups.advantages), 1),
             "advantage/near_zero_fraction": near_zero_fraction(A),
             **rollouts.metrics,
-            **overlap_metrics(self.queue, rollouts, w_off, timings),
+            **overlap_metrics(self.queue, rollouts, correction, timings),
             **timings,
         }
         return StageResult(metrics)
@@ -118,8 +119,8 @@ class GrpoRecipe:
 
     def _generate(self, plan: RolloutPlan) -> tuple[list[Trajectory], dict[str, float]]:
         """Each prompt answered G times by every agent (prompt-major, then agent). With
-        dynamic sampling, a prompt whose every group's rewards are all equal is dropped and
-        more are drawn."""
+        dynamic sampling, a prompt none of whose (agent, prompt) groups has rewards that differ
+        is dropped and more are drawn."""
         dynamic = self.config.rollout.dynamic_sampling
         if not dynamic.enabled:
             return self._rollouts(plan.problems, plan.spec), {}
@@ -131,6 +132,7 @@ class GrpoRecipe:
             lambda n: [self.problems[i] for i in self.cursor.next(n)],
             self.config.grpo.group_size * len(self.runtime.agents),
             dynamic.max_rounds,
+            group_size=self.config.grpo.group_size,  # an agent's G answers are its own group
         )
         return sampled.trajectories, sampled.metrics
 

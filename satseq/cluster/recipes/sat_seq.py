@@ -13,6 +13,7 @@ from satseq.actors.topology import mixture_assignment
 from satseq.actors.trajectory import Trajectory
 from satseq.algo import (
     AgentScheduler,
+    certified_alpha,
     gae,
     gae_group_advantages,
     group_advantages,
@@ -35,8 +36,9 @@ from satseq.cluster.recipes.certificate import (
 from satseq.cluster.recipes.stage_metrics import stage_metrics, team_vote_accuracy, update_metrics
 from satseq.cluster.recipes.stage_rollouts import (
     RolloutPlan,
+    corrected,
+    correction_weights,
     dynamically_sampled,
-    off_policy_weights,
     overlap_metrics,
     rollout_queue,
 )
@@ -76,6 +78,7 @@ class SatSeqRecipe:
             for role in (agent.role_prompt or DEFAULT_ROLE_PROMPT for agent in config.team.agents)
             if chain
         ]
+        self.measure_held_out = config.algorithm.kl_ctrl.measure_on == "held_out"
         self.last_gains: dict[str, float] | None = None
         self.baseline_reward = (R_MIN + R_MAX) / 2  # b of the bandit bound, fixed before sampling
         self.queue = rollout_queue(config, runtime, self._plan, self._generate)
@@ -113,14 +116,16 @@ class SatSeqRecipe:
         R = batch.rewards
 
         # 4. behaviour log-probs logp_cur: teacher-forced, stage-start weights, sampling
-        # temperature; rollouts an older team generated weigh min(1, π_cur/π_behaviour)
+        # temperature; each trajectory weighs the rollout correction w = π_cur/π_behaviour
+        # over its response (DESIGN §12: the engine's numerics, and an older team at K ≥ 1)
         rt.set_progress("logprobs")
         logp_cur = rt.logprobs(batch)
-        w_off = off_policy_weights(batch, logp_cur, rollouts, cfg.sat_seq.max_log_ratio)
+        correction = corrected(cfg, batch, logp_cur, "sequence")
+        w = correction_weights(correction, len(batch.trajectories))
         clock = lap(timings, "time/logprobs", clock)
 
         # 5. the order σ of this stage's block-coordinate updates
-        train = range(batch.n_train)
+        train, holdout = range(batch.n_train), range(batch.n_train, len(batch.trajectories))
         train_rows = [batch.rows_of(i, train) for i in range(len(agents))]
         uniform = group_advantages(R[train].view(-1, G), A_clip=cfg.sat_seq.A_clip)
         first_A = uniform.advantages.flatten()
@@ -138,7 +143,7 @@ class SatSeqRecipe:
             i = agents.index(name)
             rt.set_progress("update", agent=name)
             updated_tokens = batch.owned_by(updated)
-            c = w_off * truncated_is_weights(
+            c = w * truncated_is_weights(
                 logp_hat, logp_cur, updated_tokens, cfg.sat_seq.max_log_ratio
             )
             rows = train_rows[i]
@@ -149,17 +154,19 @@ class SatSeqRecipe:
                     R[train].view(-1, G), weights=c[train].view(-1, G), A_clip=cfg.sat_seq.A_clip
                 ).advantages.flatten()
                 returns, value_metrics = None, {}
-            stats = rt.update(i, batch, rows, logp_cur, A, c)
+            checked = batch.rows_of(i, holdout) if self.measure_held_out else []
+            stats = rt.update(i, batch, rows, logp_cur, A, c, checked)
             if returns is not None:  # the value head learns the returns with the updated weights
                 value_metrics["value/loss"] = rt.fit_values(i, batch, rows, returns)
             own = batch.owned_by([i])[rows]
             T_i = stats.logp_hat.shape[1]  # the agent's rows are padded to their own longest
             logp_hat[rows, :T_i] = torch.where(
-                own[:, :T_i] > 0, stats.logp_hat, logp_hat[rows, :T_i]
+                own[:, :T_i] > 0, stats.logp_hat[: len(rows)], logp_hat[rows, :T_i]
             )
             updated.append(i)
             rt.weight_sync.push(i)
             per_agent[name] = update_metrics(stats) | value_metrics
+            per_agent[name]["trust/certified_alpha"] = self._certified_alpha(stats, rows + checked)
         clock = lap(timings, "time/update", clock)
 
         # 7. certificate on the held-out prompts (the team's bound against the policy that
@@ -180,7 +187,7 @@ class SatSeqRecipe:
             "groups/degenerate_fraction": uniform.degenerate_groups / max(len(train) // G, 1),
             "certificate/bandit_lower_bound": bandit["lower_bound"] if bandit else float("nan"),
             **rollouts.metrics,
-            **overlap_metrics(self.queue, rollouts, w_off, timings),
+            **overlap_metrics(self.queue, rollouts, correction, timings),
             **timings,
         }
         self.baseline_reward = float(R.mean())
@@ -188,6 +195,17 @@ class SatSeqRecipe:
         return StageResult(metrics, certificate)
 
     # --- the steps -------------------------------------------------------------------------------
+
+    def _certified_alpha(self, stats, rows: list[int]) -> float:
+        """The level agent i's update certifies (DESIGN §4): the Clopper–Pearson bound at
+        1 − η on the share of prompts (rows // G) with a sequence KL > target_kl, over the
+        rows its check measured."""
+        kl_ctrl = self.config.algorithm.kl_ctrl
+        measured = ~stats.sequence_kl.isnan()
+        units = torch.tensor(rows) // self.config.sat_seq.group_size
+        return certified_alpha(
+            stats.sequence_kl[measured], units[measured], kl_ctrl.target_kl, kl_ctrl.eta
+        )
 
     def _plan(self, k: int) -> RolloutPlan:
         """Stage k's B prompts."""

@@ -22,9 +22,10 @@ from satseq.cluster.learner_specs import PLAIN_STEPS, LearnerSettings
 from satseq.cluster.recipes.base import StageResult, lap, stage_sampling_spec
 from satseq.cluster.recipes.stage_metrics import near_zero_fraction, stage_metrics, update_metrics
 from satseq.cluster.recipes.stage_rollouts import (
-    MAX_LOG_RATIO,
     RolloutPlan,
-    off_policy_weights,
+    corrected,
+    correction_weights,
+    needs_proximal_logprobs,
     overlap_metrics,
     rollout_queue,
 )
@@ -107,12 +108,13 @@ class SpoRecipe:
         r = torch.tensor([float(binarise_score(t.reward)) for t in trajectories])
         clock = lap(timings, "time/rollout", clock)
 
-        # 3. A = r − p̂, normalised over each agent's batch; on-policy, the behaviour log-probs
-        # are each learner's own first forward pass (logp_cur None), and rollouts an older team
-        # generated weigh min(1, π_cur/π_behaviour) under the stage-start log-probs
+        # 3. A = r − p̂, normalised over each agent's batch; each token weighs the rollout
+        # correction w_t = π_cur/π_behaviour under the stage-start log-probs (DESIGN §12); with
+        # the correction off and K = 0, each learner's first forward pass gives logp_cur (None)
         A = torch.cat([spo_advantages(r[rows], p_hat[rows]) for rows in agent_rows])
-        logp_cur = rt.logprobs(batch) if rollouts.staleness > 0 else None
-        c = off_policy_weights(batch, logp_cur, rollouts, MAX_LOG_RATIO)
+        logp_cur = rt.logprobs(batch) if needs_proximal_logprobs(self.config, rollouts) else None
+        correction = corrected(self.config, batch, logp_cur, "token")
+        c = correction_weights(correction, len(trajectories))
 
         # 4. every agent's PPO-clip step, in parallel; then the engines get the new weights
         rt.set_progress("update")
@@ -148,7 +150,7 @@ class SpoRecipe:
             "spo/p_hat_std": float(p_hat.std(unbiased=False)),
             "spo/rho_mean": float(np.mean(rho)),
             "spo/prompts_without_prior": self.prompts_without_prior,
-            **overlap_metrics(self.queue, rollouts, c, timings),
+            **overlap_metrics(self.queue, rollouts, correction, timings),
             **timings,
         }
         return StageResult(metrics)

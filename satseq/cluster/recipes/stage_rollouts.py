@@ -1,7 +1,7 @@
 """A stage's rollouts as the recipes plan, generate and correct them: each recipe plans its
 prompts and owners (`RolloutPlan`), a `RolloutQueue` generates them now or up to
-`rollout.max_staleness` stages ahead, and rollouts an older team generated are corrected by the
-truncated off-policy weight (DESIGN §12)."""
+`rollout.max_staleness` stages ahead, and every rollout is weighed by the rollout correction
+π_prox/π_behaviour (DESIGN §12), stale or not."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from satseq.actors.trajectory import SamplingSpec, Trajectory
-from satseq.algo import truncated_is_weights
+from satseq.algo.rollout_correction import CorrectionLevel, RolloutCorrection, rollout_correction
 from satseq.cluster.rollout_queue import RolloutQueue, StageRollouts
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
@@ -20,10 +20,6 @@ from satseq.data import MathProblem
 
 if TYPE_CHECKING:
     from satseq.cluster.runtime import TeamRuntime
-
-MAX_LOG_RATIO = 5.0
-"""The off-policy weight's log-ratio clamp for GRPO and SPO (SAT-Seq uses sat_seq.max_log_ratio,
-whose default this is): the weight never falls below exp(−5)."""
 
 
 @dataclass(frozen=True)
@@ -43,17 +39,20 @@ def rollout_queue(
     plan: Callable[[int], RolloutPlan],
     generate: Callable[[RolloutPlan], tuple[list[Trajectory], dict[str, float]]],
 ) -> RolloutQueue:
-    """The recipe's queue of rollouts (`rollout.max_staleness` stages ahead). Overlapped, the
-    engines also return each sampled token's log-prob under the policy that sampled it."""
-    K = config.rollout.max_staleness
+    """The recipe's queue of rollouts (`rollout.max_staleness` stages ahead). With the rollout
+    correction (or overlapped), the engines also return each sampled token's log-prob under the
+    policy that sampled it."""
+    rollout = config.rollout
 
     def planned(stage: int) -> RolloutPlan:
         stage_plan = plan(stage)
-        if K == 0:
+        if not rollout.records_behaviour_logprobs:
             return stage_plan
         return replace(stage_plan, spec=replace(stage_plan.spec, behaviour_logprobs=True))
 
-    return RolloutQueue(K, planned, generate, runtime.weight_sync, runtime.agents)
+    return RolloutQueue(
+        rollout.max_staleness, planned, generate, runtime.weight_sync, runtime.agents
+    )
 
 
 @dataclass(frozen=True)
@@ -72,14 +71,18 @@ def dynamically_sampled(
     draw: Callable[[int], list[MathProblem]],
     per_prompt: int,
     max_rounds: int,
+    group_size: int | None = None,
 ) -> Sampled:
-    """DAPO's dynamic sampling: the prompts' rollouts, keeping only prompts with a gradient (not
-    every one of their `per_prompt` rewards equal), and `len(first)` more prompts drawn (the
-    recipe's order) each round until `len(first)` are kept or `max_rounds` rounds are done.
+    """DAPO's dynamic sampling: the prompts' rollouts, keeping only prompts with a gradient,
+    and `len(first)` more prompts drawn (the recipe's order) each round until `len(first)` are
+    kept or `max_rounds` rounds are done. A prompt's `per_prompt` rollouts are cut into the
+    advantage groups of `group_size` (default: one group), as the recipe's advantages take them
+    (GRPO: one per agent); a prompt has a gradient when one of its groups has rewards that are
+    not all equal.
 
     generate(problems, first_index, round) → their rollouts, prompt-major; first_index counts
     the prompts of earlier rounds (for the agents' rotation). draw(n) → the next n prompts."""
-    target = len(first)
+    target, G = len(first), group_size or per_prompt
     kept: list[MathProblem] = []
     rows: list[Trajectory] = []
     problems, drawn, rounds, tokens = first, 0, 0, 0
@@ -87,10 +90,10 @@ def dynamically_sampled(
         trajectories = generate(problems, drawn, rounds)
         tokens += sum(model_tokens(t) for t in trajectories)
         for p, problem in enumerate(problems):
-            group = trajectories[p * per_prompt : (p + 1) * per_prompt]
-            if len({t.reward for t in group}) > 1:
+            rollouts = trajectories[p * per_prompt : (p + 1) * per_prompt]
+            if any(len({t.reward for t in group}) > 1 for group in _groups(rollouts, G)):
                 kept.append(problem)
-                rows += group
+                rows += rollouts
         drawn, rounds = drawn + len(problems), rounds + 1
         if len(kept) >= target or rounds == max_rounds:
             break
@@ -108,34 +111,62 @@ def model_tokens(trajectory: Trajectory) -> int:
     return sum(trajectory.response_mask)
 
 
-def off_policy_weights(
-    batch: StageBatch, logp_cur: torch.Tensor, rollouts: StageRollouts, max_log_ratio: float
-) -> torch.Tensor:
-    """[N]: min(1, π_cur/π_behaviour) of each trajectory over its response tokens (each under
-    its owner's policy), the log-ratio clamped to ±max_log_ratio, like SAT-Seq's c; exactly 1
-    for rollouts the stage-start team generated (K = 0)."""
-    if rollouts.staleness == 0:
-        return torch.ones(len(batch.trajectories))
-    tokens = batch.owned_by(list(range(batch.owns.shape[0])))
-    return truncated_is_weights(logp_cur, batch.behaviour_logprobs, tokens, max_log_ratio)
+def _groups(rollouts: list[Trajectory], G: int) -> list[list[Trajectory]]:
+    return [rollouts[start : start + G] for start in range(0, len(rollouts), G)]
+
+
+def corrected(
+    config: RunConfig, batch: StageBatch, logp_cur: torch.Tensor | None, level: CorrectionLevel
+) -> RolloutCorrection | None:
+    """The rollout correction of every trajectory (`rollout.correction`, DESIGN §12): the
+    learner's proximal log-probs logp_cur [N, T] against the engines' behaviour ones, over the
+    tokens each agent wrote under its own policy, at `level` unless the config sets one; None
+    when it is off (every weight 1; logp_cur may then be None)."""
+    correction = config.rollout.correction
+    if correction.mode == "off":
+        return None
+    return rollout_correction(
+        logp_cur,
+        batch.behaviour_logprobs,
+        batch.owned_by(list(range(batch.owns.shape[0]))),
+        level if correction.level == "auto" else correction.level,
+        correction.mode,
+        correction.cap,
+    )
+
+
+def needs_proximal_logprobs(config: RunConfig, rollouts: StageRollouts) -> bool:
+    """Whether a token-level recipe (GRPO, SPO) takes the stage-start log-probs before its
+    updates: for the correction, or for rollouts an older team generated; otherwise each
+    learner's first forward pass gives them."""
+    return config.rollout.correction.mode != "off" or rollouts.staleness > 0
+
+
+def correction_weights(correction: RolloutCorrection | None, N: int) -> torch.Tensor:
+    """The correction's weights, [N] or [N, T]; ones [N] without it."""
+    return torch.ones(N) if correction is None else correction.weights
 
 
 def overlap_metrics(
-    queue: RolloutQueue, rollouts: StageRollouts, w_off: torch.Tensor, timings: dict[str, float]
+    queue: RolloutQueue,
+    rollouts: StageRollouts,
+    correction: RolloutCorrection | None,
+    timings: dict[str, float],
 ) -> dict[str, float]:
-    """How busy the engines and learners were this stage (their share of its seconds) and,
-    overlapped, the rollouts' staleness, the dropped ones and the off-policy weights."""
+    """How busy the engines and learners were this stage (their share of its seconds), the
+    rollout correction's weights and mismatch, and, overlapped, the rollouts' staleness and the
+    dropped ones."""
     stage_seconds = max(sum(timings.values()), 1e-9)
     learners = sum(timings.get(f"time/{phase}", 0.0) for phase in ("logprobs", "update"))
     metrics = {
         "util/engine_busy": min(queue.engine_seconds / stage_seconds, 1.0),
         "util/learner_busy": min(learners / stage_seconds, 1.0),
     }
+    if correction is not None:
+        metrics |= correction.metrics()
     if queue.max_staleness > 0:
         metrics |= {
             "async/staleness_mean": float(rollouts.staleness),
             "async/dropped": queue.dropped,
-            "async/is_weight_min": float(w_off.min()) if w_off.numel() else 1.0,
-            "async/is_weight_mean": float(w_off.mean()) if w_off.numel() else 1.0,
         }
     return metrics
