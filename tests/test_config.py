@@ -1,5 +1,6 @@
 """Config loading: files, overrides, seeds' keys, and errors that name the key path."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -7,7 +8,15 @@ import yaml
 
 from satseq.cluster.learner_specs import learner_spec
 from satseq.cluster.recipes.sat_seq import SatSeqRecipe
-from satseq.config import CONFIG_DIR, ConfigError, apply_override, dump_config, load_config
+from satseq.config import (
+    CONFIG_DIR,
+    TRAIN_CONFIG,
+    ConfigError,
+    apply_override,
+    dump_config,
+    load_config,
+    run_config_for,
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -23,7 +32,7 @@ def test_every_shipped_config_validates():
     paths = sorted(CONFIG_DIR.glob("*.yaml"))
     assert {p.name for p in paths} >= {"quickstart.yaml", "sat_seq.yaml", "spo.yaml", "grpo.yaml"}
     for path in paths:
-        if path.name == "serve.yaml":  # Ray Serve's format, not a run config: tests/serving
+        if "applications" in yaml.safe_load(path.read_text()):  # a Ray Serve config: tests/serving
             continue
         load_config(path)
 
@@ -166,3 +175,53 @@ def test_dump_round_trips(tmp_path):
     dumped.write_text(dump_config(config))
     assert load_config(dumped) == config
     assert "agents" not in yaml.safe_load(dumped.read_text())["sat_seq"]
+
+
+def test_verls_train_files_is_data_train(tmp_path):
+    files = "data:\n  train_files: [a.parquet, b.parquet]\n"
+    config = load_config(write(tmp_path, MINIMAL + files))
+    assert config.data.train == ["a.parquet", "b.parquet"]
+    assert "train_files" not in yaml.safe_load(dump_config(config))["data"]
+    with pytest.raises(ConfigError, match=r"data\.train_files .* and data\.train disagree"):
+        load_config(write(tmp_path, MINIMAL + files + "  train: c.parquet\n"))
+
+
+def test_an_override_under_either_name_replaces_the_files_data_train(tmp_path):
+    quickstart_style = write(tmp_path, MINIMAL + "data: {train: synthetic}\n")
+    config = load_config(quickstart_style, ["data.train_files=[a.parquet]"])
+    assert config.data.train == ["a.parquet"]
+    verl_style = write(tmp_path, MINIMAL + "data: {train_files: [a.parquet]}\n")
+    assert load_config(verl_style, ["data.train=b.parquet"]).data.train == "b.parquet"
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("data.train=[]", "data.train: Value error, an empty list"),
+        ("data.train=[synthetic, a.jsonl]", "data.train: Value error, 'synthetic' is the built-in"),
+        ("data.train=[a.jsonl", "the value of data.train is not valid YAML"),
+    ],
+)
+def test_bad_training_sources_name_the_key(tmp_path, override, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_config(write(tmp_path, MINIMAL), [override])
+
+
+def trained_team(tmp_path: Path, text: str) -> Path:
+    """A checkpoint dir holding the train_config.yaml a run of `text` writes."""
+    (tmp_path / "team").mkdir()
+    resolved = dump_config(load_config(write(tmp_path, text)))
+    (tmp_path / "team" / TRAIN_CONFIG).write_text(resolved)
+    return tmp_path / "team"
+
+
+def test_a_trained_team_is_served_at_its_trained_budget(tmp_path):
+    team = trained_team(tmp_path, MINIMAL + "rollout: {max_new_tokens: 4096}\n")
+    assert run_config_for(team, []).serve.max_tokens == 4096
+    assert run_config_for(team, ["serve.max_tokens=32"]).serve.max_tokens == 32
+    assert run_config_for(tmp_path / "no_config", []).serve.max_tokens == 256  # no trained budget
+
+
+def test_a_serve_budget_chosen_in_training_is_kept(tmp_path):
+    text = MINIMAL + "rollout: {max_new_tokens: 4096}\nserve: {max_tokens: 1024}\n"
+    assert run_config_for(trained_team(tmp_path, text), []).serve.max_tokens == 1024

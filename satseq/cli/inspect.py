@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 import yaml
 
-from satseq.cli.common import ConfigArg, SetOption, fail, resolve_config
+from satseq.cli.common import ConfigArg, OverridesArg, SetOption, fail, resolve_config
 from satseq.config import dump_config
 
 config_app = typer.Typer(help="Inspect the run configuration.", no_args_is_help=True)
@@ -17,14 +17,15 @@ config_app = typer.Typer(help="Inspect the run configuration.", no_args_is_help=
 @config_app.command("show")
 def config_show(
     config: ConfigArg = None,
+    overrides: OverridesArg = None,
     set_: SetOption = None,
     key: Annotated[
         str | None, typer.Option("--key", help="print only this dotted key's value")
     ] = None,
 ) -> None:
-    """Print the resolved config as YAML: the file, then every --set override, then defaults.
-    With --key (e.g. grpo.group_size), only that value (what scripts read)."""
-    resolved = resolve_config(config, set_)
+    """Print the resolved config as YAML: the file, then every KEY=VALUE and --set override,
+    then defaults. With --key (e.g. grpo.group_size), only that value (what scripts read)."""
+    resolved = resolve_config(config, set_, overrides)
     if key is None:
         typer.echo(dump_config(resolved), nl=False)
         return

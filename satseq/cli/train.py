@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from satseq.cli.common import AddressOption, ConfigArg, SetOption, fail, resolve_config
+from satseq.cli.common import (
+    AddressOption,
+    ConfigArg,
+    OverridesArg,
+    SetOption,
+    fail,
+    resolve_config,
+)
 from satseq.config import RunConfig
 
 SwapOption = Annotated[
@@ -22,6 +29,7 @@ SwapOption = Annotated[
 
 def train(
     config: ConfigArg = None,
+    overrides: OverridesArg = None,
     set_: SetOption = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="continue after the last checkpoint")
@@ -32,8 +40,9 @@ def train(
     address: AddressOption = None,
     swap: SwapOption = None,
 ) -> None:
-    """Train the team; with no CONFIG, the embedded default (configs/quickstart.yaml)."""
-    resolved = resolve_config(config, set_)  # before the heavy imports: errors come at once
+    """Train the team; with no CONFIG, the embedded default (configs/quickstart.yaml).
+    KEY=VALUE arguments and --set KEY=VALUE options override the config's keys."""
+    resolved = resolve_config(config, set_, overrides)  # before the heavy imports: errors at once
     if swap:
         resolved = with_swaps(resolved, swap, next_stage(resolved, output_dir, resume))
     if any(resolved.agent_lora(i) for i in range(len(resolved.team.agents))):

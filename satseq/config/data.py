@@ -3,9 +3,9 @@ files) and `reward:`."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from satseq.config.section import Section
 from satseq.data.synthetic import resolve_difficulty
@@ -57,15 +57,19 @@ class SyntheticDataConfig(Section):
 class DataConfig(Section):
     """The training problems, the validation sets and the prompt."""
 
-    train: str = Field(
+    train: str | list[str] = Field(
         "synthetic",
-        description="'synthetic', a JSONL/parquet path, a directory of them, or an HF dataset name",
+        description="'synthetic', or the training data: a JSONL or parquet file, a dataset "
+        "directory (`save_to_disk` output or a Hub-style one), a Hugging Face dataset name, or a "
+        "list of these (read in order); verl's `data.train_files` is accepted as this key",
     )
     val_files: list[str] = Field(
         default_factory=list,
         description="validation sets: JSONL/parquet paths or names `satseq eval --dataset` takes",
     )
-    split: str = Field("train", description="the split read from a Hugging Face dataset name")
+    split: str = Field(
+        "train", description="the split read from a dataset directory or Hugging Face dataset name"
+    )
     field_map: dict[str, str] | None = Field(
         None, description="e.g. {problem: question, answer: a.b}"
     )
@@ -77,6 +81,32 @@ class DataConfig(Section):
         description="the synthetic task, for data.train: synthetic",
     )
     prompt: PromptConfig = Field(default_factory=PromptConfig, description="the prompt format")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _train_files_is_train(cls, data: Any) -> Any:
+        """verl's `data.train_files` (a list of parquet files) is `data.train`."""
+        if not isinstance(data, dict) or "train_files" not in data:
+            return data
+        data = dict(data)
+        train_files = data.pop("train_files")
+        if "train" in data and data["train"] != train_files:
+            raise ValueError(
+                "data.train_files (verl's name) and data.train disagree: give one, data.train"
+            )
+        data["train"] = train_files
+        return data
+
+    @field_validator("train")
+    @classmethod
+    def _a_list_names_data_sources(cls, train: str | list[str]) -> str | list[str]:
+        if isinstance(train, str):
+            return train
+        if not train:
+            raise ValueError("an empty list: give at least one file, directory or dataset name")
+        if "synthetic" in train:
+            raise ValueError("'synthetic' is the built-in task on its own, not a listed source")
+        return train
 
 
 class RewardConfig(Section):

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from satseq.config.schema import RunConfig
+from satseq.config.schema import RunConfig, ServeConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = PACKAGE_ROOT / "configs"
@@ -17,6 +17,10 @@ SERVE_CONFIG = CONFIG_DIR / "serve.yaml"  # the Ray Serve config of `satseq serv
 TRAIN_CONFIG = "train_config.yaml"  # the resolved config a run writes into its output dir
 # `--tools`: the DESIGN §5 tool loop, and the prompt that tells the model it may write code
 TOOL_OVERRIDES = ("rollout.tools.enabled=true", "data.prompt.tool_prompt=true")
+# Keys the schema also reads under another name (verl's), as {other name: key}. An override of
+# either name replaces what the file says under either, so that `data.train_files=[...]` on a
+# config that sets `data.train` is the last word, as an override is, not a disagreement.
+OTHER_SPELLINGS = {"data.train_files": "data.train"}
 
 
 class ConfigError(ValueError):
@@ -45,10 +49,19 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     A numeric path part indexes a list, e.g. `team.agents.0.path=/models/a`.
     """
     key_path, sep, raw_value = assignment.partition("=")
-    if not sep or not key_path.strip():
-        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. trainer.stages=4")
-    value = yaml.safe_load(raw_value) if raw_value.strip() else ""
-    parts = key_path.strip().split(".")
+    key_path = key_path.strip()
+    if not sep or not key_path:
+        raise ConfigError(f"override {assignment!r}: expected KEY=VALUE, e.g. trainer.stages=4")
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or "not valid YAML"
+        raise ConfigError(
+            f"override {assignment!r}: the value of {key_path} is not valid YAML ({problem}); "
+            "values are read as YAML: check the brackets and quotes"
+        ) from None
+    key_path = _one_spelling(data, key_path)
+    parts = key_path.split(".")
     node: Any = data
     for depth, part in enumerate(parts[:-1]):
         where = ".".join(parts[: depth + 1])
@@ -57,7 +70,7 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         else:
             child = node.setdefault(part, {})
             if not isinstance(child, dict | list):
-                raise ConfigError(f"--set {assignment!r}: {where} is a value, not a section")
+                raise ConfigError(f"override {assignment!r}: {where} is a value, not a section")
             node = child
     last = parts[-1]
     if isinstance(node, list):
@@ -68,8 +81,22 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
 
 def _list_index(part: str, node: list[Any], where: str, assignment: str) -> int:
     if not part.isdigit() or int(part) >= len(node):
-        raise ConfigError(f"--set {assignment!r}: {where}: index must be 0..{len(node) - 1}")
+        raise ConfigError(f"override {assignment!r}: {where}: index must be 0..{len(node) - 1}")
     return int(part)
+
+
+def _one_spelling(data: dict[str, Any], key_path: str) -> str:
+    """`key_path` under its schema name, with what `data` holds under the key's other names
+    (`OTHER_SPELLINGS`) removed: the override about to be applied replaces it."""
+    key = OTHER_SPELLINGS.get(key_path, key_path)
+    for other in (other for other, same_key in OTHER_SPELLINGS.items() if same_key == key):
+        *sections, leaf = other.split(".")
+        node: Any = data
+        for section in sections:
+            node = node.get(section) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return key
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:
@@ -93,7 +120,7 @@ def load_config(
     data = read_yaml(config_path)
     for assignment in overrides:
         apply_override(data, assignment)
-    source = str(config_path) + (" with --set overrides" if overrides else "")
+    source = str(config_path) + (" with overrides" if overrides else "")
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
@@ -106,10 +133,27 @@ def run_config_for(
     """The config a team was trained with (`<dir>/train_config.yaml`), else the quickstart's,
     then `overrides`: so evaluation and serving prompt, score and run tools as training did.
     `tools` turns the tool loop on whatever the config says (`TOOL_OVERRIDES`, before
-    `overrides`)."""
+    `overrides`). A trained team is served at the length it was trained to: `serve.max_tokens`
+    is its `rollout.max_new_tokens` unless chosen (`serve_max_tokens_chosen`)."""
     trained = Path(checkpoint_dir) / TRAIN_CONFIG
     extra = list(TOOL_OVERRIDES) if tools else []
-    return load_config(trained if trained.is_file() else QUICKSTART, [*extra, *overrides])
+    if not trained.is_file():
+        return load_config(QUICKSTART, [*extra, *overrides])
+    config = load_config(trained, [*extra, *overrides])
+    if serve_max_tokens_chosen(read_yaml(trained), overrides):
+        return config
+    serve = config.serve.model_copy(update={"max_tokens": config.rollout.max_new_tokens})
+    return config.model_copy(update={"serve": serve})
+
+
+def serve_max_tokens_chosen(trained: dict[str, Any], overrides: list[str]) -> bool:
+    """Whether `serve.max_tokens` was chosen: by an override, or by the training config. A
+    train_config.yaml holds every key, so there only a value other than the default counts."""
+    if any(o.partition("=")[0].strip() == "serve.max_tokens" for o in overrides):
+        return True
+    serve = trained.get("serve")
+    written = serve.get("max_tokens") if isinstance(serve, dict) else None
+    return written is not None and written != ServeConfig.model_fields["max_tokens"].default
 
 
 def dump_config(config: RunConfig) -> str:

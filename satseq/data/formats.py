@@ -2,8 +2,10 @@
 
 Four formats are recognised from a row's field names (DESIGN §8), tried in this order:
 
-- DAPO-Math-17k: `prompt` (a chat list of `{role, content}` messages, or plain text as in
-  open-r1/DAPO-Math-17k-Processed) and `reward_model.ground_truth`;
+- verl's RL parquet rows, DAPO-Math-17k's among them: `prompt` (a chat list of `{role, content}`
+  messages, whose last user message is the problem; or plain text as in
+  open-r1/DAPO-Math-17k-Processed), `reward_model.ground_truth` the answer, `extra_info.index`
+  the id when present; the other top-level columns (`data_source`, `ability`) go to `meta`;
 - the seeds' preference format `{prompt, chosen, rejected}`: `chosen` is the reference; the answer
   is its last `\\boxed{}` content if it has one, otherwise the whole of `chosen`, stripped;
 - MATH-500: `problem`, `answer`, `solution`, `subject`, `level`, `unique_id`;
@@ -85,8 +87,8 @@ class RowFormat:
         )
 
 
-DAPO_MATH = RowFormat(
-    name="DAPO-Math-17k",
+VERL_RL = RowFormat(
+    name="verl (DAPO-Math-17k)",
     problem="prompt",
     answer="reward_model.ground_truth",
     problem_id="extra_info.index",
@@ -110,7 +112,7 @@ def detect_format(field_names: Collection[str]) -> RowFormat:
     """The format whose fields `field_names` has; raises DataError naming the known formats."""
     names = set(field_names)
     if {"prompt", "reward_model"} <= names:
-        return DAPO_MATH
+        return VERL_RL
     if {"prompt", "chosen"} <= names:
         return SEED_PREFERENCE
     if {"problem", "answer", "unique_id"} <= names:
@@ -119,7 +121,7 @@ def detect_format(field_names: Collection[str]) -> RowFormat:
         return PROBLEM_ANSWER
     raise DataError(
         f"cannot tell the dataset format from its fields {sorted(names)}; known formats: "
-        "DAPO-Math-17k {prompt, reward_model.ground_truth}, {prompt, chosen, rejected}, "
+        "verl/DAPO-Math-17k {prompt, reward_model.ground_truth}, {prompt, chosen, rejected}, "
         "MATH-500 {problem, answer, unique_id}, {problem, answer}. Give a field map, e.g. "
         '{"problem": "question", "answer": "reward_model.ground_truth"}'
     )

@@ -1,56 +1,60 @@
-"""Load math problems from a JSONL file, a parquet file, or a Hugging Face dataset name.
+"""Load math problems from JSONL and parquet files, dataset directories (`save_to_disk` output,
+or a dataset's files as on the Hugging Face Hub), Hugging Face dataset names, or a list of these.
 
-`load_problems` reads rows, picks the row format (from the first readable row, or from an
-explicit field map; see `satseq.data.formats`) and converts every row to a MathProblem. A bad
-row raises a DataError that names the file and line (JSONL) or row index (parquet, Hub), unless
-`skip_bad_rows` is set, in which case it is counted and reported in `LoadedProblems.skipped_rows`.
+`load_problems` reads rows, picks each source's row format (from its first readable row, or from
+an explicit field map; see `satseq.data.formats`) and converts every row to a MathProblem. A bad
+row raises a DataError that names the file and line (JSONL) or row index (parquet, datasets),
+unless `skip_bad_rows` is set, in which case it is counted and reported in
+`LoadedProblems.skipped_rows`.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
-import re
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
+from satseq.data.directories import import_datasets, read_dataset_directory
 from satseq.data.formats import BadRow, RowFormat, detect_format, format_from_field_map
 from satseq.data.records import DataError, LoadedProblems, MathProblem
+from satseq.data.rows import DATA_FILE_SUFFIXES, RawRow, numbered_rows, read_data_file
 
-LOCAL_FILE_SUFFIXES = (".jsonl", ".parquet")
-
-
-@dataclass(frozen=True)
-class RawRow:
-    """One row as read, before format conversion.
-
-    `location` points a user at it ("data/train.jsonl:17", "data/train.parquet:row 16");
-    `default_id` becomes the problem_id when the row has none. `fields` is None when the row
-    could not even be read, and `read_error` then says why.
-    """
-
-    location: str
-    default_id: str
-    fields: Mapping[str, Any] | None
-    read_error: str | None = None
+Source = str | Path
 
 
 def load_problems(
-    source: str | Path,
+    source: Source | Sequence[Source],
     split: str = "train",
     field_map: Mapping[str, str] | None = None,
     skip_bad_rows: bool = False,
 ) -> LoadedProblems:
-    """Load problems from `source`: a `.jsonl` or `.parquet` path, a directory of them (read in
-    natural file-name order), or a Hugging Face dataset name.
+    """Load problems from `source`, or from each of a list of sources in turn: a `.jsonl` or
+    `.parquet` file, a dataset directory (`satseq.data.directories`), or a Hugging Face dataset
+    name. Each source's format is detected on its own (verl's parquet files and MATH-500 may be
+    listed together).
 
-    `split` is used for Hugging Face datasets only (a file is one split already). A dataset name
-    may carry a config after a colon, e.g. `open-r1/DAPO-Math-17k-Processed:all`.
-    `field_map` overrides format detection, e.g. `{"problem": "question",
-    "answer": "reward_model.ground_truth"}`.
+    `split` is used for dataset directories and names (a file is one split already). A dataset
+    name or directory may carry a config after a colon, e.g.
+    `open-r1/DAPO-Math-17k-Processed:all`. `field_map` overrides format detection, e.g.
+    `{"problem": "question", "answer": "reward_model.ground_truth"}`.
     """
+    sources = [source] if isinstance(source, str | Path) else list(source)
+    if not sources:
+        raise DataError("no data sources: give a file, a directory or a dataset name")
+    loaded = [_load_source(one, split, field_map, skip_bad_rows) for one in sources]
+    if len(loaded) == 1:
+        return loaded[0]
+    format_names = list(dict.fromkeys(part.format_name for part in loaded))
+    return LoadedProblems(
+        source=", ".join(part.source for part in loaded),
+        format_name=", ".join(format_names),
+        problems=[problem for part in loaded for problem in part.problems],
+        skipped_rows=[message for part in loaded for message in part.skipped_rows],
+    )
+
+
+def _load_source(
+    source: Source, split: str, field_map: Mapping[str, str] | None, skip_bad_rows: bool
+) -> LoadedProblems:
     row_format = format_from_field_map(field_map) if field_map else None
     problems: list[MathProblem] = []
     skipped_rows: list[str] = []
@@ -88,39 +92,20 @@ def load_problems(
     )
 
 
-def read_rows(source: str | Path, split: str = "train") -> Iterator[RawRow]:
-    """Rows of a local file (by suffix), of every data file in a local directory, or, for a name
-    that is not a local path, of a Hub dataset."""
+def read_rows(source: Source, split: str = "train") -> Iterator[RawRow]:
+    """Rows of a local file (by suffix), of one split of a dataset directory, or, for a name that
+    is not a local path, of a Hub dataset."""
     path = Path(source).expanduser()
+    directory, _, config = str(path).rpartition(":")
     if path.is_dir():
-        return _read_directory(path)
-    if path.exists() or path.suffix in LOCAL_FILE_SUFFIXES or path.is_absolute():
+        return read_dataset_directory(path, split, None)
+    if directory and Path(directory).is_dir():  # DIR:CONFIG
+        return read_dataset_directory(Path(directory), split, config)
+    if path.exists() or path.suffix in DATA_FILE_SUFFIXES or path.is_absolute():
         if not path.exists():
             raise DataError(f"{source}: file not found")
-        if path.suffix == ".jsonl":
-            return _read_jsonl(path)
-        if path.suffix == ".parquet":
-            return _read_parquet(path)
-        raise DataError(
-            f"{source}: unsupported file type {path.suffix!r}; use .jsonl or .parquet, or a "
-            "Hugging Face dataset name"
-        )
+        return read_data_file(path)
     return _read_hub_dataset(str(source), split)
-
-
-def _read_directory(directory: Path) -> Iterator[RawRow]:
-    """The rows of every .jsonl/.parquet file directly in `directory`, files in natural order
-    (subset_2 before subset_10), as the seeds pass the subsets `satseq offline-values split`
-    wrote; each row's location still names its own file."""
-    files = sorted(
-        (f for f in directory.iterdir() if f.is_file() and f.suffix in LOCAL_FILE_SUFFIXES),
-        key=lambda f: [
-            int(part) if part.isdigit() else part for part in re.split(r"(\d+)", f.name)
-        ],
-    )
-    if not files:
-        raise DataError(f"{directory}: a directory with no .jsonl or .parquet files in it")
-    return itertools.chain.from_iterable(read_rows(f) for f in files)
 
 
 def _detect_format_at(row: RawRow) -> RowFormat:
@@ -130,53 +115,9 @@ def _detect_format_at(row: RawRow) -> RowFormat:
         raise DataError(f"{row.location}: {error}") from None
 
 
-def _read_jsonl(path: Path) -> Iterator[RawRow]:
-    # Bytes go to json.loads as they are: it detects UTF-8/16/32 and a BOM by itself.
-    with path.open("rb") as lines:
-        for line_number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue  # blank lines (a trailing newline, say) are not rows
-            location = f"{path}:{line_number}"
-            default_id = f"{path.name}:{line_number}"
-            try:
-                fields = json.loads(line)
-            except json.JSONDecodeError as error:
-                yield RawRow(location, default_id, None, f"invalid JSON ({error.msg})")
-                continue
-            except UnicodeDecodeError:
-                yield RawRow(location, default_id, None, "not valid UTF-8 text")
-                continue
-            if not isinstance(fields, dict):
-                reason = f"expected a JSON object, got {type(fields).__name__}"
-                yield RawRow(location, default_id, None, reason)
-                continue
-            yield RawRow(location, default_id, fields)
-
-
-def _read_parquet(path: Path) -> Iterator[RawRow]:
-    import pyarrow.parquet as pq  # imported here so that JSONL-only use does not pay for it
-
-    try:
-        batches = pq.ParquetFile(path).iter_batches()
-    except Exception as error:  # pyarrow raises several types (ArrowInvalid, OSError, ...)
-        raise DataError(f"{path}: cannot read as parquet ({error})") from error
-    yield from _numbered_rows(
-        (row for batch in batches for row in batch.to_pylist()),
-        location_prefix=f"{path}:row ",
-        id_prefix=f"{path.name}:",
-    )
-
-
 def _read_hub_dataset(source: str, split: str) -> Iterator[RawRow]:
     name, _, config = source.partition(":")
-    try:
-        import datasets
-    except ImportError:
-        raise DataError(
-            f"{source}: not a local file, so it was taken as a Hugging Face dataset name, but the "
-            "optional `datasets` library is not installed. Install it (pip install datasets), or "
-            "pass a local .jsonl or .parquet file."
-        ) from None
+    datasets = import_datasets(f"{source} (not a local path, so taken as a Hugging Face dataset)")
     try:
         dataset = datasets.load_dataset(name, config or None, split=split)
     except Exception as error:  # the Hub client raises many types: network, auth, not found, ...
@@ -186,12 +127,4 @@ def _read_hub_dataset(source: str, split: str) -> Iterator[RawRow]:
             "split, and that the Hub is reachable (offline, only datasets already in the local "
             "cache load); or pass a local .jsonl or .parquet file."
         ) from error
-    return _numbered_rows(dataset, location_prefix=f"{name}[{split}]:row ", id_prefix=f"{name}:")
-
-
-def _numbered_rows(
-    rows: Iterable[Mapping[str, Any]], location_prefix: str, id_prefix: str
-) -> Iterator[RawRow]:
-    """RawRows for sources whose rows are addressed by a 0-based index (parquet, the Hub)."""
-    for index, fields in enumerate(rows):
-        yield RawRow(f"{location_prefix}{index}", f"{id_prefix}{index}", fields)
+    return numbered_rows(dataset, location_prefix=f"{name}[{split}]:row ", id_prefix=f"{name}:")

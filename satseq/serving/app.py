@@ -173,14 +173,17 @@ def start_server(
     stage: int | None = None,
     serve_config: str | Path | None = None,
     address: str | None = None,
+    host: str | None = None,
 ) -> str:
     """Deploy the team (scaling from `serve_config`, default configs/serve.yaml) and return the
-    base URL once every deployment is up. Host and port: `serve.host`, `--port`/`serve.port`
-    (the Serve config's http_options are for clusters)."""
+    base URL once every deployment is up. Host and port: `--host`/`serve.host`,
+    `--port`/`serve.port` (the Serve config's http_options are for clusters)."""
     application = read_serve_config(serve_config or SERVE_CONFIG)
     flags = {"checkpoint_dir": str(checkpoint_dir), "stage": stage}
     if samples_per_agent is not None:
         flags["samples_per_agent"] = samples_per_agent
+    if host is not None:
+        flags["host"] = host
     settings = serve_settings(config, application.get("args", {}) | flags)
     app = team_app(config, settings, deployment_options(application))
     for name, value in PROXY_ENV.items():  # before `connect` starts Ray: its processes inherit

@@ -73,7 +73,7 @@ EXPECTED = {
         MathProblem("", "What is 6*7?", "42"),
         MathProblem("", "Simplify 2/4.", "\\frac{1}{2}"),
     ],
-    "DAPO-Math-17k": [
+    "verl (DAPO-Math-17k)": [
         MathProblem(
             "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079",
             "Find $x$ if $x+1=35$.",
@@ -100,7 +100,7 @@ EXPECTED = {
 FORMAT_FILES = {
     "{prompt, chosen, rejected}": ("seed", SEED_ROWS),
     "{problem, answer}": ("plain", PROBLEM_ANSWER_ROWS),
-    "DAPO-Math-17k": ("dapo", DAPO_ROWS),
+    "verl (DAPO-Math-17k)": ("dapo", DAPO_ROWS),
     "MATH-500": ("math500", MATH_500_ROWS),
 }
 
@@ -284,7 +284,9 @@ def fake_datasets_module(monkeypatch, load_dataset):
 
 def test_a_hub_name_without_the_datasets_library_says_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
-    with pytest.raises(DataError, match=r"HuggingFaceH4/MATH-500.*`datasets` library is not inst"):
+    with pytest.raises(
+        DataError, match=r"HuggingFaceH4/MATH-500.*`datasets` library, which is not inst"
+    ):
         load_problems("HuggingFaceH4/MATH-500", split="test")
 
 

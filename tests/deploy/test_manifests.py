@@ -9,7 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from satseq.config import load_config
+from satseq.config import RunConfig, load_config
+from satseq.config.load import SERVE_CONFIG
+from satseq.serving.app import AGENT_PREFIX, INGRESS, LORA_BASE_PREFIX
+from satseq.serving.rayservice import render
 from tests.deploy.observed_run import REPO
 from tests.deploy.satseq_cli import NotInCli, parse_satseq_command
 
@@ -276,3 +279,100 @@ def test_serve_applications_import_from_the_repo():
             as_file = REPO / (module.replace(".", "/") + ".py")
             as_package = REPO / module.replace(".", "/") / "__init__.py"
             assert as_file.is_file() or as_package.is_file(), f"{path}: {application}"
+
+
+# --- the RayService serves what the RayJob trains -----------------------------------------------
+
+
+def claim_location(pod: dict[str, Any], path: Path) -> tuple[str, Path] | None:
+    """(claim name, path inside the claim) of `path` as the pod's first container sees it."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for mount in pod["containers"][0].get("volumeMounts", []):
+        root = Path(mount["mountPath"])
+        claim = volumes[mount["name"]].get("persistentVolumeClaim")
+        if claim and path.is_relative_to(root):
+            inside = Path(mount.get("subPath", "")) / path.relative_to(root)
+            return claim["claimName"], inside
+    return None
+
+
+def served_deployments(config: RunConfig) -> set[str]:
+    """The deployments the Serve app makes for the team `config` trains: `agent_<name>` for a
+    full model, `lora_base_<k>` for the LoRA agents on the k-th base (`serving.app`)."""
+    names, lora_bases = {INGRESS}, []
+    for i, agent in enumerate(config.team.agents):
+        if config.agent_lora(i) is None:
+            names.add(AGENT_PREFIX + agent.name)
+        elif agent.path not in lora_bases:
+            lora_bases.append(agent.path)
+    return names | {f"{LORA_BASE_PREFIX}{k}" for k in range(len(lora_bases))}
+
+
+def serving_disagreements(job: dict[str, Any], service: dict[str, Any]) -> list[str]:
+    """How `service` (a RayService) fails to serve what `job` (a RayJob) trains: where the
+    team is (claim and path, as every pod of each sees it), and the agents' deployments."""
+    name, params = parse_satseq_command(job["spec"]["entrypoint"])
+    assert name == "satseq train" and params["output_dir"], "the RayJob must train to a claim"
+    head_pod = pod_groups(job)[0][2]
+    _, config_key = mounted_file(head_pod, params["config"])[1].split("/", 1)
+    config = load_config(REPO / "configs" / config_key)  # the config the job trains
+    trained_at = {claim_location(pod, params["output_dir"]) for _, _, pod in pod_groups(job)}
+    assert len(trained_at) == 1 and None not in trained_at, f"the job's pods see {trained_at}"
+    [trained] = trained_at
+    found = []
+    for application in yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]:
+        served_dir = Path(application["args"]["checkpoint_dir"])
+        for group, _, pod in pod_groups(service):
+            served = claim_location(pod, served_dir)
+            if served != trained:
+                found.append(
+                    f"{group} pods serve {served_dir} = {served} (claim, path), but the job "
+                    f"trains {params['output_dir']} = {trained}"
+                )
+        deployments = {deployment["name"] for deployment in application["deployments"]}
+        if deployments != served_deployments(config):
+            found.append(
+                f"deployments {sorted(deployments)}, but the team of configs/{config_key} makes "
+                f"{sorted(served_deployments(config))}"
+            )
+    return found
+
+
+def test_the_rayservice_serves_the_team_the_rayjob_trains():
+    [(_, job)] = objects_of("RayJob")
+    services = objects_of("RayService")
+    assert services, "no RayService under deploy/"
+    for path, service in services:
+        disagreements = serving_disagreements(job, service)
+        assert not disagreements, f"{path}: " + "; ".join(disagreements)
+
+
+def test_a_rayservice_of_another_team_is_caught():
+    """The RayService of the quickstart team (configs/serve.yaml: /outputs/quickstart, a0-a2)
+    does not serve the RayJob's team, and the check says where."""
+    [(_, job)] = objects_of("RayJob")
+    quickstart_service = yaml.safe_load(render(SERVE_CONFIG))
+    disagreements = serving_disagreements(job, quickstart_service)
+    assert len(disagreements) == 1 + len(pod_groups(quickstart_service))
+    assert "serve /outputs/quickstart" in disagreements[0]
+    assert "'agent_a0'" in disagreements[-1] and "'agent_solver_a'" in disagreements[-1]
+
+
+def test_the_rayservices_workers_hold_its_smallest_team():
+    """Every deployment's minimum replicas fit the worker pods (GPUs, and CPUs per replica)."""
+    for path, service in objects_of("RayService"):
+        workers = [
+            (worker["replicas"], worker["template"]["spec"]["containers"][0]["resources"])
+            for worker in ray_cluster_spec(service)["workerGroupSpecs"]
+        ]
+        gpus = sum(n * int(r["limits"].get("nvidia.com/gpu", 0)) for n, r in workers)
+        largest_pod_cpus = max(cpu_cores(r["limits"]["cpu"]) for _, r in workers)
+        serve_config = yaml.safe_load(service["spec"]["serveConfigV2"])
+        needed_gpus = 0
+        for deployment in serve_config["applications"][0]["deployments"]:
+            options = deployment.get("ray_actor_options", {})
+            scaling = deployment.get("autoscaling_config", {})
+            replicas = scaling.get("min_replicas", deployment.get("num_replicas", 1))
+            needed_gpus += replicas * options.get("num_gpus", 0)
+            assert options.get("num_cpus", 1) <= largest_pod_cpus, f"{path}: {deployment['name']}"
+        assert needed_gpus <= gpus, f"{path}: {needed_gpus} GPUs needed, the workers have {gpus}"
