@@ -1,5 +1,5 @@
 """Evaluation metrics over k samples per problem: pass@k, avg@k, maj@k and the majority vote;
-and the sign test that compares two evaluations of the same problems."""
+and the sign test and interval that compare two evaluations of the same problems."""
 
 from __future__ import annotations
 
@@ -109,3 +109,16 @@ def sign_test_p_value(gained: int, lost: int) -> float:
     n = gained + lost
     tail = sum(math.comb(n, x) for x in range(min(gained, lost) + 1))
     return min(1.0, float(Fraction(2 * tail, 2**n)))  # McNemar exact, two-sided
+
+
+def paired_difference_interval(
+    gained: int, lost: int, n: int, z: float = 1.959964
+) -> tuple[float, float]:
+    """The (Wald) confidence interval of the accuracy difference Δ = (gained − lost)/n between
+    two evaluations of the same n problems, paired: each problem's difference d ∈ {−1, 0, 1} has
+    mean Δ and variance (gained + lost)/n − Δ², so se = sqrt(((g + l)/n − Δ²)/n). z 1.96: 95 %."""
+    if n <= 0 or gained < 0 or lost < 0 or gained + lost > n:
+        raise ValueError(f"need 0 <= gained + lost <= n, n > 0, got {gained}, {lost}, {n}")
+    delta = (gained - lost) / n
+    se = math.sqrt(max((gained + lost) / n - delta**2, 0.0) / n)
+    return delta - z * se, delta + z * se

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from satseq.algo.eval_metrics import sign_test_p_value
+from satseq.algo.eval_metrics import paired_difference_interval, sign_test_p_value
 from satseq.evaluation.checkpoints import CheckpointError
 from satseq.evaluation.outputs import PREDICTIONS
 
@@ -39,6 +39,48 @@ class PairedVotes:
             f"team vote {self.accuracy_before:.3f} → {self.accuracy_after:.3f} on "
             f"{self.num_problems} problems: {self.gained} gained, {self.lost} lost "
             f"(McNemar exact p = {self.p_value:.3g}; against {self.before})"
+        )
+
+
+@dataclass(frozen=True)
+class PooledVotes:
+    """Several paired evaluations (one per seed) taken together: every (seed, problem) pair is
+    a unit; the pooled sign test is McNemar's on the summed counts, and the interval is that of
+    the pooled accuracy difference (gained − lost)/Σn."""
+
+    runs: list[PairedVotes]
+
+    @property
+    def gained(self) -> int:
+        return sum(run.gained for run in self.runs)
+
+    @property
+    def lost(self) -> int:
+        return sum(run.lost for run in self.runs)
+
+    @property
+    def num_problems(self) -> int:
+        return sum(run.num_problems for run in self.runs)
+
+    @property
+    def difference(self) -> float:
+        return (self.gained - self.lost) / self.num_problems
+
+    @property
+    def p_value(self) -> float:
+        return sign_test_p_value(self.gained, self.lost)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The 95 % interval of the pooled accuracy difference."""
+        return paired_difference_interval(self.gained, self.lost, self.num_problems)
+
+    def describe(self) -> str:
+        low, high = self.interval
+        return (
+            f"pooled over {len(self.runs)}: {self.difference:+.3f} [{low:+.3f}, {high:+.3f}] on "
+            f"{self.num_problems} pairs, {self.gained} gained, {self.lost} lost "
+            f"(McNemar exact p = {self.p_value:.3g})"
         )
 
 

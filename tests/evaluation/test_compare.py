@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from satseq.algo.eval_metrics import sign_test_p_value
+from satseq.algo.eval_metrics import paired_difference_interval, sign_test_p_value
 from satseq.evaluation import CheckpointError, ProblemResult, TeamEvaluation, write_predictions
-from satseq.evaluation.compare import paired_votes, read_team_votes
+from satseq.evaluation.compare import PooledVotes, paired_votes, read_team_votes
 
 
 def compare_votes(before_dir, after_dir):
@@ -101,3 +101,24 @@ def test_blank_lines_are_skipped(tmp_path):
     record = json.dumps({"problem_id": "p0", "correct": True})
     (directory / "predictions.jsonl").write_text(f"\n{record}\n\n")
     assert compare_votes(directory, directory).num_problems == 1
+
+
+def test_pooled_votes_sum_the_seeds_counts_by_hand():
+    """Three seeds of 100 problems, (12, 5), (9, 6), (14, 4) gained/lost: 35 gained, 15 lost of
+    300 pairs, Δ = 20/300; p is McNemar's on (35, 15); the interval is the paired Wald one."""
+    runs = [
+        paired_votes(
+            {str(i): i < 10 or (10 <= i < 10 + lost) for i in range(100)},
+            {str(i): i < 10 or (10 + lost <= i < 10 + lost + gained) for i in range(100)},
+            f"seed {seed}",
+        )
+        for seed, (gained, lost) in enumerate([(12, 5), (9, 6), (14, 4)])
+    ]
+    assert [(r.gained, r.lost) for r in runs] == [(12, 5), (9, 6), (14, 4)]
+    pooled = PooledVotes(runs)
+    assert (pooled.gained, pooled.lost, pooled.num_problems) == (35, 15, 300)
+    assert pooled.difference == pytest.approx(20 / 300)
+    assert pooled.p_value == sign_test_p_value(35, 15)
+    assert pooled.interval == paired_difference_interval(35, 15, 300)
+    assert pooled.interval[0] > 0  # this much, pooled, excludes no change
+    assert "35 gained, 15 lost" in pooled.describe()

@@ -1,0 +1,167 @@
+"""Does training help, beyond noise? Each run (a config and its settings) is trained on several
+seeds with `satseq train`; its team is scored before training (the base team, once: greedy
+evaluation makes it the same for every seed) and after the last stage with `satseq eval
+--against`, on the same held-out problems. It prints, per run and seed and pooled over the
+seeds, the held-out team vote, the best single agent, the problems gained and lost, McNemar's
+exact p and the 95 % interval of the vote's change (`satseq.evaluation.compare.PooledVotes`),
+and the tokens the engines generated (runs are compared at equal generated tokens); writes each
+seed's record to `--results` (JSON lines) and the training curves (reward per stage, the mean
+over seeds) to a PNG beside it. Not a timed test: it prints numbers.
+
+    python bench/bench_learning.py --run "sat_seq=configs/smollm2.yaml" \\
+        --run "grpo=configs/smollm2_grpo.yaml" \\
+        --run "alone=configs/smollm2.yaml team.agents=[{name: a0, path: builtin:smollm2-135m}]" \\
+        --seeds 0 1 2 --results bench/results/learning_smollm2.jsonl
+
+A run is `LABEL=CONFIG` followed by KEY=VALUE overrides (YAML values, as `--set` takes them),
+separated by spaces outside brackets and quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench_lora_team import SATSEQ, base_team, eval_summary, run
+
+from satseq.evaluation.compare import PooledVotes, paired_votes, read_team_votes
+from satseq.report import read_metrics
+
+
+def split_outside_brackets(text: str) -> list[str]:
+    """`text` split at whitespace that is outside brackets and quotes (a YAML value stays whole:
+    `team.agents=[{name: a0, path: x}]` is one part)."""
+    parts, current, depth, quote = [], "", 0, ""
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char.isspace() and depth == 0:
+            parts, current = ([*parts, current] if current else parts), ""
+            continue
+        current += char
+    return [*parts, current] if current else parts
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str
+    config: Path
+    overrides: list[str]
+
+
+def parse_run(text: str) -> Run:
+    """`LABEL=CONFIG KEY=VALUE ...` → a Run."""
+    head, *overrides = split_outside_brackets(text)
+    label, _, config = head.partition("=")
+    if not label or not config:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LABEL=CONFIG [KEY=VALUE ...]")
+    return Run(label, Path(config), overrides)
+
+
+def train_and_score(run_: Run, seed: int, root: Path, base_eval: Path) -> dict:
+    """Train `run_` on `seed`; its held-out evaluation against the base team's, and its
+    curves."""
+    out = root / f"{run_.label}-seed{seed}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    settings = [*run_.overrides, f"trainer.seed={seed}"]
+    sets = [part for setting in settings for part in ("--set", setting)]
+    _, train_s = run([SATSEQ, "train", str(run_.config), *sets, "--output-dir", str(out)],
+                     out / "train.log")  # fmt: skip
+    summary = eval_summary(out, out / "eval_last", out / "eval_last.log", "--against",
+                           str(base_eval))  # fmt: skip
+    stages = read_metrics(out / "metrics.jsonl")
+    return {
+        "run": run_.label,
+        "seed": seed,
+        "train_s": train_s,
+        "tokens_generated": sum(stage.get("tokens/generated", 0) for stage in stages),
+        "reward_per_stage": [stage.get("reward/mean") for stage in stages],
+        "vote": summary["team_vote_accuracy"],
+        "best_agent": max(agent["accuracy"] for agent in summary["per_agent"].values()),
+        "against": summary["against"],
+        "eval_dir": str(out / "eval_last"),
+        "base_eval_dir": str(base_eval),
+    }
+
+
+def pooled(records: list[dict]) -> PooledVotes:
+    return PooledVotes(
+        [
+            paired_votes(
+                read_team_votes(r["base_eval_dir"]), read_team_votes(r["eval_dir"]), r["run"]
+            )
+            for r in records
+        ]
+    )
+
+
+def print_table(records: list[dict]) -> None:
+    print("| run | seed | held-out vote, base → after (gained, lost; p) | best agent | tokens |")
+    print("|---|---|---|---|---|")
+    for r in records:
+        a = r["against"]
+        print(
+            f"| {r['run']} | {r['seed']} | {a['accuracy_before']:.3f} → {r['vote']:.3f} "
+            f"({a['gained']}, {a['lost']}; p {a['p_value']:.2g}) | {r['best_agent']:.3f} "
+            f"| {r['tokens_generated']} |"
+        )
+    for label in dict.fromkeys(r["run"] for r in records):
+        mine = [r for r in records if r["run"] == label]
+        best = statistics.mean(r["best_agent"] for r in mine)
+        print(f"{label}: {pooled(mine).describe()}; best agent mean {best:.3f}")
+
+
+def plot_curves(records: list[dict], path: Path) -> None:
+    """Reward per stage, the mean over each run's seeds, one line a run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for label in dict.fromkeys(r["run"] for r in records):
+        curves = [r["reward_per_stage"] for r in records if r["run"] == label]
+        stages = min(len(c) for c in curves)
+        mean = [statistics.mean(c[k] for c in curves) for k in range(stages)]
+        axes.plot(range(stages), mean, marker="o", label=f"{label} ({len(curves)} seeds)")
+    axes.set_xlabel("stage")
+    axes.set_ylabel("training reward (mean over seeds)")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", dest="runs", type=parse_run, action="append", required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", default="/tmp/bench_learning")
+    parser.add_argument("--results", type=Path, default=Path("/tmp/bench_learning.jsonl"))
+    args = parser.parse_args()
+    root = Path(args.out)
+    records = []
+    for run_ in args.runs:
+        base = base_team(run_.config, run_.overrides, root / run_.label)
+        base_eval = root / run_.label / "eval_base"
+        eval_summary(base, base_eval, root / run_.label / "eval_base.log")
+        for seed in args.seeds:
+            records.append(train_and_score(run_, seed, root, base_eval))
+            with args.results.open("a") as results:
+                results.write(json.dumps(records[-1]) + "\n")
+    print_table(records)
+    plot_curves(records, args.results.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()

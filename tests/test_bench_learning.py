@@ -1,0 +1,44 @@
+"""`bench/bench_learning.py`: a run is a label, a config and overrides; its seeds' evaluations
+are pooled from the files `satseq eval` writes."""
+
+from pathlib import Path
+
+import pytest
+
+from satseq.algo.eval_metrics import sign_test_p_value
+from tests.evaluation.test_compare import eval_dir
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import bench_learning
+
+    return bench_learning
+
+
+def test_a_run_is_a_label_a_config_and_yaml_overrides(bench):
+    run = bench.parse_run(
+        "alone=configs/smollm2.yaml team.agents=[{name: a0, path: builtin:smollm2-135m}] "
+        "trainer.stages=2"
+    )
+    assert (run.label, run.config) == ("alone", Path("configs/smollm2.yaml"))
+    assert run.overrides == [
+        "team.agents=[{name: a0, path: builtin:smollm2-135m}]",
+        "trainer.stages=2",
+    ]
+    with pytest.raises(Exception, match="LABEL=CONFIG"):
+        bench.parse_run("configs/smollm2.yaml")
+
+
+def test_the_seeds_are_pooled_from_the_eval_files(bench, tmp_path):
+    base = eval_dir(tmp_path, "base", {str(i): i < 3 for i in range(10)})
+    records = []
+    for seed, right in enumerate([{0, 1, 2, 5, 6}, {0, 1, 7}]):  # (+2, 0) and (+1, −1)
+        after = eval_dir(tmp_path, f"after{seed}", {str(i): i in right for i in range(10)})
+        records.append({"run": "r", "eval_dir": str(after), "base_eval_dir": str(base)})
+    pooled = bench.pooled(records)
+    assert (pooled.gained, pooled.lost, pooled.num_problems) == (3, 1, 20)
+    assert pooled.p_value == sign_test_p_value(3, 1)
