@@ -94,7 +94,7 @@ def learner_spec(
         value_steps=config.sat_seq.value_steps,
         seed=agent_seed(trainer.seed, agent_index),
         num_threads=num_threads,
-        offload=agent.offload or trainer.offload,
+        offload=config.agent_offload(agent_index),
         workers=agent_workers(config, agent_index),
     )
 

@@ -51,9 +51,8 @@ class TeamPlacement:
         if mode == "object_store" or (mode == "auto" and not own_gpus):
             return None
         if mode == "auto":  # whole GPUs: NCCL where vLLM takes it and the engines stay awake
-            offloads = [config.trainer.offload] + [a.offload for a in config.team.agents]
-            colocated = "idle_agents" in offloads
-            return "nccl" if config.rollout.engine == "vllm" and not colocated else None
+            awake = not config.engines_share_devices
+            return "nccl" if config.rollout.engine == "vllm" and awake else None
         if not (own_gpus or on_cpu):
             raise ValueError(
                 "rollout.weight_sync: collective needs learners and rollout actors on GPUs of "

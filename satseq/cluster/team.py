@@ -203,7 +203,7 @@ def _runtime(
         agent_paths=[agent.path for agent in config.team.agents],
         model_dirs=model_paths,
         agent_dir=lambda i, path: agent_model_dir(config, i, path),
-        colocated=config.trainer.offload == "idle_agents",
+        colocated=config.engines_share_devices,
         bucket_mb=config.rollout.weight_sync_bucket_mb,
         weight_transfer=weight_transfer,
         **learner_factory,

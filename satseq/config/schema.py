@@ -283,6 +283,18 @@ class RunConfig(Section):
             raise ValueError("team.agents is empty: list at least one {name, path}")
         return self
 
+    def agent_offload(self, i: int) -> Offload:
+        """Agent i's `offload`: its own, else `trainer.offload`."""
+        return self.team.agents[i].offload or self.trainer.offload
+
+    @property
+    def engines_share_devices(self) -> bool:
+        """Whether the rollout engines share their devices with the learners: some agent keeps
+        its idle state in host memory (`offload: idle_agents`, its own or trainer's), so the
+        engines sleep while learners work. Placement, the engines' sleep mode, the runtime and
+        the checks below all read this one answer."""
+        return any(self.agent_offload(i) == "idle_agents" for i in range(len(self.team.agents)))
+
     def agent_lora(self, i: int) -> LoraConfig | None:
         """Agent i's adapter: its own `lora`, else `trainer.lora`; None: a full model."""
         own = self.team.agents[i].lora
@@ -323,8 +335,7 @@ class RunConfig(Section):
                 "rollout.weight_sync: collective needs rollout.engine: vllm (the hf engine "
                 "takes weights through the object store: rollout.weight_sync: object_store)"
             )
-        offloads = [self.trainer.offload] + [a.offload for a in self.team.agents if a.offload]
-        if "idle_agents" in offloads:
+        if self.engines_share_devices:
             raise ValueError(
                 "rollout.weight_sync: collective needs engines that stay awake; with "
                 "trainer.offload (or team.agents[i].offload): idle_agents use object_store"
@@ -335,8 +346,7 @@ class RunConfig(Section):
     def _overlap_needs_devices_of_their_own(self) -> RunConfig:
         """Overlapped stages run generation and updates at once: engines that sleep while
         the learners work (a shared device) cannot."""
-        offloads = [self.trainer.offload] + [a.offload for a in self.team.agents if a.offload]
-        if self.rollout.max_staleness > 0 and "idle_agents" in offloads:
+        if self.rollout.max_staleness > 0 and self.engines_share_devices:
             raise ValueError(
                 f"rollout.max_staleness: {self.rollout.max_staleness} overlaps generation with "
                 "the learners' updates, but trainer.offload (or team.agents[i].offload): "

@@ -69,7 +69,8 @@ def engine_options(config: RunConfig) -> dict:
     """The rollout engines' options: torch threads per CPU core of the actor, the output
     layer's precision (`trainer.fp32_head`, as the learner computes it), and for vLLM on
     a GPU the share of its memory to take (`rollout.gpu_memory_utilization`) and, when the
-    engines sleep while the learners train (`trainer.offload: idle_agents`), its sleep mode."""
+    engines sleep while the learners train (`RunConfig.engines_share_devices`), its sleep
+    mode."""
     rollout = config.rollout
     options: dict = {
         "num_threads": max(1, int(rollout.resources.num_cpus)),
@@ -81,7 +82,7 @@ def engine_options(config: RunConfig) -> dict:
         options["logprobs_mode"] = "processed_logprobs"
     if rollout.engine == "vllm" and rollout.resources.num_gpus > 0:
         options["gpu_memory_utilization"] = rollout.gpu_memory_utilization
-        if config.trainer.offload == "idle_agents":
+        if config.engines_share_devices:
             options["enable_sleep_mode"] = True
     return options
 

@@ -205,22 +205,39 @@ def test_spo_updates_the_trackers_of_the_drawn_prompts_after_the_step(quickstart
     assert result.metrics["spo/rho_mean"] == pytest.approx(recipe.config.spo.rho_max)
 
 
+@pytest.mark.parametrize(
+    "offload", ["trainer.offload=idle_agents", "team.agents.1.offload=idle_agents"]
+)
 def test_colocated_engines_sleep_while_learners_work_and_take_pushed_weights_on_waking(
-    quickstart_model,
+    quickstart_model, offload
 ):
+    """One agent that offloads is enough: its learner shares the engines' device (the engines
+    once stayed awake unless trainer.offload said so, while placement and the checks counted
+    the agent's own setting)."""
     runtime, _, result = one_stage(
-        quickstart_model, "sat_seq", 2, "sat_seq.scheduler=static", "trainer.offload=idle_agents"
+        quickstart_model, "sat_seq", 2, "sat_seq.scheduler=static", offload
     )
     (worker,) = runtime.rollouts
     # the stage ended on learner calls: the engines sleep, holding every pushed update for later
     assert worker.asleep and sorted(worker.pending_weights) == ["a0", "a1"]
-    for learner in runtime.learners:  # offloaded at start and after its update
+    for learner in runtime.learners:  # an offloading one: offloaded at start and after its update
+        if learner.spec.offload == "none":
+            continue
         stats = learner.policy.residency.stats
         assert not learner.policy.residency.resident and (stats.offloads, stats.onloads) == (2, 1)
     assert "memory/peak_gib/a0" not in result.metrics  # the CPU reports no peak
     runtime.generate([], SamplingSpec())
     assert not worker.asleep
     assert_engines_hold_the_learners_weights(runtime)
+
+
+def test_one_agent_that_offloads_puts_the_vllm_engines_to_sleep_on_a_gpu():
+    from satseq.launch.settings import engine_options
+
+    gpu = ["rollout.engine=vllm", "rollout.resources.num_gpus=0.5"]
+    assert "enable_sleep_mode" not in engine_options(load_config(QUICKSTART, gpu))
+    config = load_config(QUICKSTART, [*gpu, "team.agents.2.offload=idle_agents"])
+    assert config.engines_share_devices and engine_options(config)["enable_sleep_mode"]
 
 
 def test_the_update_metrics_carry_the_peak_device_memory_where_there_is_one():
