@@ -10,6 +10,7 @@ from satseq.cluster.learner_specs import learner_spec
 from satseq.cluster.recipes.sat_seq import SatSeqRecipe
 from satseq.config import (
     CONFIG_DIR,
+    QUICKSTART,
     TRAIN_CONFIG,
     ConfigError,
     apply_override,
@@ -72,7 +73,7 @@ sat_seq:
 
 def test_two_different_agent_lists_are_an_error(tmp_path):
     text = MINIMAL + "sat_seq:\n  agents: [{name: b, path: /m/b}]\n"
-    with pytest.raises(ConfigError, match=r"team\.agents and sat_seq\.agents disagree"):
+    with pytest.raises(ConfigError, match=r"sat_seq\.agents .* and team\.agents disagree"):
         load_config(write(tmp_path, text))
 
 
@@ -175,6 +176,49 @@ def test_dump_round_trips(tmp_path):
     dumped.write_text(dump_config(config))
     assert load_config(dumped) == config
     assert "agents" not in yaml.safe_load(dumped.read_text())["sat_seq"]
+
+
+def test_one_spelling_reaches_the_team_whatever_the_file_used(tmp_path):
+    """configs/sat_seq.yaml spells the team as the seeds do (sat_seq.agents): an override under
+    either name reaches the same list (docs/getting-started.md's --set team.agents.0.path)."""
+    seeds = Path("configs/sat_seq.yaml")
+    for key in ("team.agents.0.path", "sat_seq.agents.0.path"):
+        config = load_config(seeds, [f"{key}=/models/mine"])
+        assert config.team.agents[0].path == "/models/mine"
+        assert [a.name for a in config.team.agents] == ["solver_a", "solver_b", "solver_c"]
+    config = load_config(seeds, ["sat_seq.max_backtracks=7"])
+    assert config.algorithm.kl_ctrl.max_backtracks == 7
+
+
+def test_old_spellings_warn_once_and_mean_todays_key(tmp_path):
+    from satseq.config import legacy
+
+    legacy._warned.clear()
+    old = MINIMAL + "trainer: {update_steps: 3}\nalgorithm: {kl_ctrl: {dkw_eta: 0.1}}\n"
+    with pytest.warns(FutureWarning) as caught:
+        config = load_config(write(tmp_path, old))
+        load_config(write(tmp_path, old))  # the second time: no warning
+    assert sorted(str(w.message).split()[0] for w in caught) == [
+        "algorithm.kl_ctrl.dkw_eta",
+        "trainer.update_steps",
+    ]
+    assert (config.trainer.ppo_epochs, config.algorithm.kl_ctrl.eta) == (3, 0.1)
+    with pytest.raises(ConfigError, match=r"trainer\.update_steps .* and trainer\.ppo_epochs"):
+        load_config(write(tmp_path, MINIMAL + "trainer: {update_steps: 3, ppo_epochs: 2}\n"))
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("team.topology=chain", "team.topology: chain"),
+        ("team.agents.0.role_prompt=x", "role_prompt"),
+    ],
+)
+def test_grpo_and_spo_refuse_the_chains_keys_naming_them(override, named):
+    for algorithm in ("grpo", "spo"):
+        with pytest.raises(ConfigError, match=named):
+            load_config(QUICKSTART, [f"algorithm.name={algorithm}", override])
+    load_config(QUICKSTART, [override])  # SAT-Seq reads them
 
 
 def test_verls_train_files_is_data_train(tmp_path):

@@ -35,7 +35,7 @@ from satseq.actors.incarnation import PROCESS_ID
 from satseq.actors.residency import return_free_host_memory
 from satseq.actors.tool_loop import SandboxClient, ToolLoop
 from satseq.actors.trajectory import GenerateFn, Generation, GenerationRequest, SamplingSpec
-from satseq.config.schema import ToolConfig
+from satseq.config.rollout import ToolConfig
 from satseq.models import load_tokenizer
 from satseq.rewards import RewardScorer
 from satseq.seeds import agent_seed, call_seed, worker_seed

@@ -43,7 +43,7 @@ from satseq.actors.tool_text import (
     print_last_expression,
 )
 from satseq.actors.trajectory import Generation, SamplingSpec
-from satseq.config.schema import ToolConfig
+from satseq.config.rollout import ToolConfig
 from satseq.sandbox.types import ExecutionRequest, ExecutionResult, Status
 from satseq.seeds import turn_seed
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from satseq.actors.learner.specs import LearnerSpec, LossSpec, OptimizerSpec, TrustRegionSpec
 from satseq.config import RunConfig
-from satseq.config.schema import KLControlConfig, TrainerConfig
+from satseq.config.algorithms import KLControlConfig
+from satseq.config.schema import TrainerConfig
 from satseq.models import is_adapter_dir
 from satseq.models.adapters import adapter_base
 from satseq.seeds import agent_seed

@@ -19,7 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from satseq.actors.weight_transfer import TransferBackend
 from satseq.cluster.learner_specs import agent_workers
 from satseq.config import RunConfig
-from satseq.config.schema import EngineResources
+from satseq.config.rollout import EngineResources
 
 log = logging.getLogger(__name__)
 

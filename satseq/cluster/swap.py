@@ -34,7 +34,7 @@ from satseq.actors.learner import Learner
 from satseq.cluster.recipes.base import Recipe, stage_sampling_spec
 from satseq.cluster.runtime import TeamRuntime
 from satseq.config import RunConfig
-from satseq.config.schema import SwapConfig
+from satseq.config.team import SwapConfig
 from satseq.data import MathProblem
 from satseq.models import load_tokenizer, resolve_model_path
 

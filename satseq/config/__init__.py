@@ -10,7 +10,8 @@ from satseq.config.load import (
     load_config,
     run_config_for,
 )
-from satseq.config.schema import AgentConfig, RunConfig
+from satseq.config.schema import RunConfig
+from satseq.config.team import AgentConfig
 
 __all__ = [
     "CONFIG_DIR",

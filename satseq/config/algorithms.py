@@ -3,40 +3,16 @@ and `grpo:`."""
 
 from __future__ import annotations
 
-import warnings
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from satseq.config.section import Section
-from satseq.config.team import AgentConfig
 
 
 class KLControlConfig(Section):
     """SAT-Seq's KL penalty and quantile trust region (DESIGN §4): an epoch whose KL quantile
     exceeds target_kl is undone and retried with a larger β and a smaller step."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _dkw_eta_is_eta(cls, data: Any) -> Any:
-        """`dkw_eta` (round 3) moved the quantile by the DKW slack; its confidence is now `eta`,
-        the certified level's, and the quantile is the in-sample one."""
-        if not isinstance(data, dict) or "dkw_eta" not in data:
-            return data
-        data = dict(data)
-        old = data.pop("dkw_eta")
-        if "eta" in data and old is not None and data["eta"] != old:
-            raise ValueError("algorithm.kl_ctrl.dkw_eta and eta disagree: give eta only")
-        if old is not None:
-            data.setdefault("eta", old)
-        warnings.warn(
-            "algorithm.kl_ctrl.dkw_eta is deprecated: it is algorithm.kl_ctrl.eta, the confidence "
-            "of the certified level trust/certified_alpha/<agent> (the quantile check is the "
-            "in-sample one; DESIGN §4)",
-            FutureWarning,
-            stacklevel=2,
-        )
-        return data
 
     kl_coef: float = Field(0.01, ge=0.0, description="initial β_i of the KL penalty")
     target_kl: float = Field(0.05, gt=0.0, description="trust region: max allowed KL quantile")
@@ -116,12 +92,6 @@ class SatSeqConfig(Section):
     epsilon: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip ε")
     A_clip: float = Field(5.0, gt=0.0, description="advantages are clipped to ±A_clip")
     group_size: int = Field(8, ge=2, description="G trajectories per prompt")
-    max_backtracks: int | None = Field(
-        None, ge=0, description="seeds' spelling of algorithm.kl_ctrl.max_backtracks"
-    )
-    on_exhausted: Literal["reject", "keep"] | None = Field(
-        None, description="seeds' spelling of algorithm.kl_ctrl.on_exhausted"
-    )
     ratio: Literal["seq", "token", "seq_mean"] = Field(
         "seq",
         description="seq: r = exp(sum of the agent's token log-ratios); token: a ratio per token; "
@@ -139,7 +109,6 @@ class SatSeqConfig(Section):
         "trainer.seed), greedy_gain (largest held-out gain of the last stage first; mean |A| at "
         "the first stage)",
     )
-    agents: list[AgentConfig] | None = Field(None, description="seeds' spelling of team.agents")
 
 
 class SpoConfig(Section):

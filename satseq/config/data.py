@@ -3,9 +3,9 @@ files) and `reward:`."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from satseq.config.section import Section
 from satseq.data.synthetic import resolve_difficulty
@@ -81,21 +81,6 @@ class DataConfig(Section):
         description="the synthetic task, for data.train: synthetic",
     )
     prompt: PromptConfig = Field(default_factory=PromptConfig, description="the prompt format")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _train_files_is_train(cls, data: Any) -> Any:
-        """verl's `data.train_files` (a list of parquet files) is `data.train`."""
-        if not isinstance(data, dict) or "train_files" not in data:
-            return data
-        data = dict(data)
-        train_files = data.pop("train_files")
-        if "train" in data and data["train"] != train_files:
-            raise ValueError(
-                "data.train_files (verl's name) and data.train disagree: give one, data.train"
-            )
-        data["train"] = train_files
-        return data
 
     @field_validator("train")
     @classmethod

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from satseq.config.legacy import spell_as_today, today_key
 from satseq.config.schema import RunConfig, ServeConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -17,10 +18,6 @@ SERVE_CONFIG = CONFIG_DIR / "serve.yaml"  # the Ray Serve config of `satseq serv
 TRAIN_CONFIG = "train_config.yaml"  # the resolved config a run writes into its output dir
 # `--tools`: the DESIGN §5 tool loop, and the prompt that tells the model it may write code
 TOOL_OVERRIDES = ("rollout.tools.enabled=true", "data.prompt.tool_prompt=true")
-# Keys the schema also reads under another name (verl's), as {other name: key}. An override of
-# either name replaces what the file says under either, so that `data.train_files=[...]` on a
-# config that sets `data.train` is the last word, as an override is, not a disagreement.
-OTHER_SPELLINGS = {"data.train_files": "data.train"}
 
 
 class ConfigError(ValueError):
@@ -60,7 +57,7 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
             f"override {assignment!r}: the value of {key_path} is not valid YAML ({problem}); "
             "values are read as YAML: check the brackets and quotes"
         ) from None
-    key_path = _one_spelling(data, key_path)
+    key_path = today_key(key_path)  # `sat_seq.agents.0.path` is `team.agents.0.path`
     parts = key_path.split(".")
     node: Any = data
     for depth, part in enumerate(parts[:-1]):
@@ -85,20 +82,6 @@ def _list_index(part: str, node: list[Any], where: str, assignment: str) -> int:
     return int(part)
 
 
-def _one_spelling(data: dict[str, Any], key_path: str) -> str:
-    """`key_path` under its schema name, with what `data` holds under the key's other names
-    (`OTHER_SPELLINGS`) removed: the override about to be applied replaces it."""
-    key = OTHER_SPELLINGS.get(key_path, key_path)
-    for other in (other for other, same_key in OTHER_SPELLINGS.items() if same_key == key):
-        *sections, leaf = other.split(".")
-        node: Any = data
-        for section in sections:
-            node = node.get(section) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    return key
-
-
 def format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid config"]
     for problem in err.errors():
@@ -117,7 +100,10 @@ def load_config(
 ) -> RunConfig:
     """The resolved RunConfig: `path` (default configs/quickstart.yaml), then each override."""
     config_path = Path(path) if path is not None else QUICKSTART
-    data = read_yaml(config_path)
+    try:  # today's spelling first, so that an override reaches a key whatever the file called it
+        data = spell_as_today(read_yaml(config_path))
+    except ValueError as err:
+        raise ConfigError(f"{config_path}: {err}") from None
     for assignment in overrides:
         apply_override(data, assignment)
     source = str(config_path) + (" with overrides" if overrides else "")
@@ -158,6 +144,4 @@ def serve_max_tokens_chosen(trained: dict[str, Any], overrides: list[str]) -> bo
 
 def dump_config(config: RunConfig) -> str:
     """The resolved config as YAML, every key present, in section order."""
-    return yaml.safe_dump(
-        config.model_dump(mode="json", exclude={"sat_seq": {"agents"}}), sort_keys=False
-    )
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import annotated_types
 from pydantic.fields import FieldInfo
 
+from satseq.config.legacy import ALIASES, DEPRECATED
 from satseq.config.schema import RunConfig
 from satseq.config.section import Section
 
@@ -39,9 +40,8 @@ description.
 
 The seeds' keys are accepted as they are: `algorithm.gamma`, `algorithm.lam`,
 `algorithm.kl_ctrl.{{kl_coef, target_kl, quantile}}` and
-`sat_seq.{{epsilon, A_clip, group_size, max_backtracks, agents}}`. Two old spellings still work
-with a FutureWarning: `trainer.update_steps` (read as `trainer.ppo_epochs`) and
-`output.tensorboard: true/false` (read as `output.trackers: [tensorboard]` or `[]`).
+`sat_seq.{{epsilon, A_clip, group_size}}`; the seeds' and verl's other names for a key, and old
+names, are read as today's key ([Other spellings](#other-spellings)).
 """
 
 
@@ -220,6 +220,20 @@ def config_reference() -> str:
         + "\n".join(contents)
         + "\n"
         + "".join("\n" + section_markdown(s, homes) for s in found)
+        + other_spellings()
+    )
+
+
+def other_spellings() -> str:
+    """The keys read under another name (`satseq.config.legacy`), as a table."""
+    rows = [f"| `{old}` | `{new}` | read as it is |" for old, new in ALIASES.items()]
+    rows += [f"| `{old}` | `{new}` | deprecated: a warning |" for old, new in DEPRECATED.items()]
+    rows.append("| `output.tensorboard` | `output.trackers` | deprecated: a warning |")
+    return (
+        "\n## Other spellings\n\nThe seeds' and verl's names of a key, and old names, are read as "
+        "today's key, in a file and in an override alike:\n\n| spelling | key | |\n|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n"
     )
 
 

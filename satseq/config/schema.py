@@ -2,44 +2,38 @@
 
 Every section forbids unknown keys, so a typo fails with the key's path instead of being
 silently ignored. Seeds' keys (`algorithm.gamma`, `algorithm.lam`, `algorithm.kl_ctrl.*`,
-`sat_seq.{epsilon, A_clip, group_size, max_backtracks, agents}`) are accepted as they are.
+`sat_seq.{epsilon, A_clip, group_size}`) are today's keys; their other names for a key
+(`sat_seq.agents`, `sat_seq.max_backtracks`, ...) are read by `config/legacy.py`.
 
 `RunConfig` and the sections it holds directly are here; the larger sections live in modules of
-their own (`team`, `algorithms`, `rollout`, `data`), all importable from this one.
+their own (`team`, `algorithms`, `rollout`, `data`); import a section from where it lives.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from satseq.config.algorithms import (
     AlgorithmConfig,
-    CertificateConfig,
     GrpoConfig,
-    KLControlConfig,
     SatSeqConfig,
     SpoConfig,
 )
 from satseq.config.data import (
     DataConfig,
-    PromptConfig,
     RewardConfig,
-    SyntheticDataConfig,
 )
+from satseq.config.legacy import spell_as_today
 from satseq.config.rollout import (
     EngineResources,
     RolloutConfig,
     SandboxConfig,
-    ToolConfig,
 )
 from satseq.config.section import Offload, Section
 from satseq.config.team import (
-    AgentConfig,
     LoraConfig,
-    SwapConfig,
     TeamConfig,
 )
 
@@ -123,26 +117,6 @@ class TrainerConfig(Section):
         "torch and base; their calls take turns); false: a process each",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _update_steps_is_ppo_epochs(cls, data: Any) -> Any:
-        """`trainer.update_steps` (before mini-batches) is `trainer.ppo_epochs`: one epoch of a
-        single mini-batch was one step over the whole batch."""
-        if not isinstance(data, dict) or "update_steps" not in data:
-            return data
-        data = dict(data)
-        steps = data.pop("update_steps")
-        if "ppo_epochs" in data and data["ppo_epochs"] != steps:
-            raise ValueError("trainer.update_steps and trainer.ppo_epochs disagree: give one")
-        warnings.warn(
-            "trainer.update_steps is deprecated: it is trainer.ppo_epochs (passes over the batch; "
-            "trainer.mini_batch_size sets the optimiser steps of each pass)",
-            FutureWarning,
-            stacklevel=2,
-        )
-        data["ppo_epochs"] = steps
-        return data
-
 
 class EvalConfig(Section):
     """`satseq eval` and validation: K samples per agent per problem, scored by the team vote."""
@@ -215,34 +189,6 @@ class OutputConfig(Section):
         "satseq", min_length=1, description="the MLflow experiment and the W&B project"
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _tensorboard_flag_is_a_tracker(cls, data: object) -> object:
-        """The old `tensorboard: bool` still works, with a FutureWarning: true is
-        `trackers: [tensorboard]`, false is `trackers: []`."""
-        if not isinstance(data, dict) or "tensorboard" not in data:
-            return data
-        if "trackers" in data:
-            raise ValueError(
-                "output.tensorboard is the old spelling of output.trackers: give only "
-                "output.trackers, e.g. [tensorboard, mlflow]"
-            )
-        data = dict(data)
-        tensorboard = data.pop("tensorboard")
-        if not isinstance(tensorboard, bool):
-            raise ValueError(
-                f"output.tensorboard must be true or false, got {tensorboard!r} (better: "
-                "output.trackers: [tensorboard] or [])"
-            )
-        data["trackers"] = ["tensorboard"] if tensorboard else []
-        warnings.warn(
-            f"output.tensorboard is deprecated: it is output.trackers: "
-            f"[{', '.join(data['trackers'])}] (which also takes mlflow and wandb)",
-            FutureWarning,
-            stacklevel=2,
-        )
-        return data
-
     @field_validator("trackers")
     @classmethod
     def _each_tracker_once(cls, trackers: list[str]) -> list[str]:
@@ -266,19 +212,14 @@ class RunConfig(Section):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _today_s_spelling(cls, data: Any) -> Any:
+        """Keys under the seeds', verl's or an old name read as today's (`config/legacy.py`)."""
+        return spell_as_today(data) if isinstance(data, dict) else data
+
     @model_validator(mode="after")
-    def _one_agent_list(self) -> RunConfig:
-        """`sat_seq.agents` (the seeds' key) and `team.agents` name the same list: merge them."""
-        seeds_agents = self.sat_seq.agents
-        if seeds_agents is not None:
-            if self.team.agents and self.team.agents != seeds_agents:
-                raise ValueError(
-                    "team.agents and sat_seq.agents disagree: give the agent list once"
-                )
-            self.team = TeamConfig(
-                topology=self.team.topology, agents=seeds_agents, swaps=self.team.swaps
-            )
-            self.sat_seq = self.sat_seq.model_copy(update={"agents": None})
+    def _a_team(self) -> RunConfig:
         if not self.team.agents:
             raise ValueError("team.agents is empty: list at least one {name, path}")
         return self
@@ -321,6 +262,25 @@ class RunConfig(Section):
                     f"team.agents.{i}.path: {agent.path!r} is a GGUF file that has not been "
                     f"imported, and {lora_key} needs its base's dequantised weights: give it as "
                     f"'gguf:{agent.path}' (imported once into the model cache)"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _team_options_fit_the_recipe(self) -> RunConfig:
+        """GRPO and SPO give each agent its own prompts, each answered alone: a chain of turns
+        and the role prompts of its turns are SAT-Seq's only."""
+        if self.algorithm.name == "sat_seq":
+            return self
+        if self.team.topology != "mixture":
+            raise ValueError(
+                f"team.topology: {self.team.topology} with algorithm.name: "
+                f"{self.algorithm.name}: only sat_seq takes turns in a chain; remove it"
+            )
+        for i, agent in enumerate(self.team.agents):
+            if agent.role_prompt is not None:
+                raise ValueError(
+                    f"team.agents.{i}.role_prompt is the chain topology's (SAT-Seq), and "
+                    f"algorithm.name: {self.algorithm.name} does not read it; remove it"
                 )
         return self
 
@@ -402,51 +362,3 @@ class RunConfig(Section):
                 "0.25), or set measure_on: train"
             )
         return self
-
-    @model_validator(mode="after")
-    def _one_backtracking_setting(self) -> RunConfig:
-        """`sat_seq.max_backtracks` / `sat_seq.on_exhausted` (the seeds' keys) set the trust
-        region's `algorithm.kl_ctrl.*` of the same name: the trust region is built from that one
-        section."""
-        kl_ctrl = self.algorithm.kl_ctrl
-        for key in ("max_backtracks", "on_exhausted"):
-            seeds_value = getattr(self.sat_seq, key)
-            if seeds_value is None:
-                continue
-            if key in kl_ctrl.model_fields_set and getattr(kl_ctrl, key) != seeds_value:
-                raise ValueError(
-                    f"algorithm.kl_ctrl.{key} and sat_seq.{key} disagree: give the setting once"
-                )
-            kl_ctrl = kl_ctrl.model_copy(update={key: seeds_value})
-            self.sat_seq = self.sat_seq.model_copy(update={key: None})
-        self.algorithm = self.algorithm.model_copy(update={"kl_ctrl": kl_ctrl})
-        return self
-
-
-__all__ = [  # every section, importable from here as before the split
-    "AgentConfig",
-    "AlgorithmConfig",
-    "CertificateConfig",
-    "DataConfig",
-    "EngineResources",
-    "EvalConfig",
-    "GrpoConfig",
-    "KLControlConfig",
-    "LoraConfig",
-    "Offload",
-    "OutputConfig",
-    "PromptConfig",
-    "RewardConfig",
-    "RolloutConfig",
-    "RunConfig",
-    "SandboxConfig",
-    "SatSeqConfig",
-    "Section",
-    "ServeConfig",
-    "SpoConfig",
-    "SwapConfig",
-    "SyntheticDataConfig",
-    "TeamConfig",
-    "ToolConfig",
-    "TrainerConfig",
-]

@@ -16,7 +16,7 @@ from satseq.actors.rollout import RolloutActor, spread_requests
 from satseq.actors.trajectory import Generation, GenerationRequest, SamplingSpec
 from satseq.actors.weight_transfer import TransferBackend
 from satseq.config import RunConfig
-from satseq.config.schema import SandboxConfig
+from satseq.config.rollout import SandboxConfig
 from satseq.launch.settings import engine_options, reward_scorer, sandbox_backend
 from satseq.sandbox.pool import SandboxPoolActor
 from satseq.seeds import rollout_actor_seed

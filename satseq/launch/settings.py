@@ -9,7 +9,7 @@ from dataclasses import fields
 
 from satseq.actors.trajectory import SamplingSpec
 from satseq.config import RunConfig
-from satseq.config.schema import SandboxConfig
+from satseq.config.rollout import SandboxConfig
 from satseq.data import DEFAULT_PROMPT_FORMAT, TOOL_PROMPT_FORMAT, PromptFormat
 from satseq.rewards import RewardScorer
 from satseq.sandbox.backend import SandboxBackend

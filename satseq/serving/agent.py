@@ -28,7 +28,7 @@ from satseq.actors.engines import Engine, EngineKind, make_engine
 from satseq.actors.engines.lora import team_engines
 from satseq.actors.tool_loop import SandboxClient, ToolLoop, tool_turns
 from satseq.actors.trajectory import Generation, SamplingSpec
-from satseq.config.schema import SandboxConfig, ToolConfig
+from satseq.config.rollout import SandboxConfig, ToolConfig
 from satseq.launch.actors import start_sandbox_pool
 from satseq.models import load_tokenizer
 from satseq.rewards import RewardScorer

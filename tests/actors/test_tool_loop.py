@@ -19,7 +19,7 @@ from satseq.actors.engines import make_engine
 from satseq.actors.rollout import RolloutActor, RolloutWorker
 from satseq.actors.tool_loop import SandboxClient, ToolLoop
 from satseq.actors.trajectory import SamplingSpec
-from satseq.config.schema import SandboxConfig, ToolConfig
+from satseq.config.rollout import SandboxConfig, ToolConfig
 from satseq.data import TOOL_PROMPT_FORMAT, build_prompt, make_split
 from satseq.launch.settings import sandbox_backend
 from satseq.models import resolve_model_path

@@ -18,7 +18,7 @@ from satseq.cluster.team import start_in_process
 from satseq.cluster.training_data import training_problems
 from satseq.config import QUICKSTART, load_config
 from satseq.config.load import ConfigError
-from satseq.config.schema import SwapConfig
+from satseq.config.team import SwapConfig
 from satseq.launch.agent_models import agent_model_dirs
 from satseq.models import is_adapter_dir, load_tokenizer, resolve_model_path
 from tests.cluster.test_recipe_wiring import one_stage

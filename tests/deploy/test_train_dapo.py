@@ -94,7 +94,9 @@ def test_agent_numbers_start_at_one():
 
 def test_an_agent_beyond_the_team_is_a_config_error_naming_the_override():
     params = dry_run({"AGENT4_PATH": "/models/x"})
-    with pytest.raises(ConfigError, match=r"sat_seq\.agents\.3: index must be 0\.\.2"):
+    with pytest.raises(
+        ConfigError, match=r"sat_seq\.agents\.3\.path=.*team\.agents\.3: index must be 0\.\.2"
+    ):
         load_config(params["config"], params["set_"])  # what `satseq train` does first
 
 

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from satseq.config.schema import SandboxConfig
+from satseq.config.rollout import SandboxConfig
 from satseq.launch.settings import local_sandbox_settings, sandbox_backend
 from satseq.sandbox.fusion_client import FusionBackend
 from satseq.sandbox.local import LocalSandboxSettings

@@ -8,7 +8,7 @@ from functools import partial
 
 import ray
 
-from satseq.config.schema import SandboxConfig
+from satseq.config.rollout import SandboxConfig
 from satseq.launch.settings import sandbox_backend
 from satseq.sandbox.pool import SandboxPool, SandboxPoolActor
 from satseq.sandbox.types import ExecutionRequest, ExecutionResult, Status

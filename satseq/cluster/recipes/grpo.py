@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from satseq.actors.learner.specs import LossSpec
 from satseq.actors.trajectory import SamplingSpec, Trajectory
 from satseq.algo import group_advantages
 from satseq.cluster.learner_specs import PLAIN_STEPS, LearnerSettings
-from satseq.cluster.recipes.base import StageResult, lap, next_prompts, stage_sampling_spec
+from satseq.cluster.recipes.base import Recipe, StageResult, lap
 from satseq.cluster.recipes.stage_metrics import (
     near_zero_fraction,
     stage_metrics,
@@ -28,24 +28,17 @@ from satseq.cluster.recipes.stage_rollouts import (
     dynamically_sampled,
     needs_proximal_logprobs,
     overlap_metrics,
-    rollout_queue,
 )
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
 from satseq.data import MathProblem
-from satseq.data.cursor import PromptCursor
 from satseq.seeds import round_seed
 
 if TYPE_CHECKING:
-    from satseq.cluster.runtime import TeamRuntime
+    pass
 
 
-class GrpoRecipe:
-    def __init__(self, config: RunConfig, runtime: TeamRuntime, problems: list[MathProblem]):
-        self.config, self.runtime, self.problems = config, runtime, problems
-        self.cursor = PromptCursor(len(problems), config.trainer.seed)
-        self.queue = rollout_queue(config, runtime, self._plan, self._generate)
-
+class GrpoRecipe(Recipe):
     @staticmethod
     def learner_settings(config: RunConfig) -> LearnerSettings:
         """Token-level PPO-clip (`grpo`), plain steps, measured after each only if asked."""
@@ -111,12 +104,6 @@ class GrpoRecipe:
         }
         return StageResult(metrics)
 
-    def _plan(self, k: int) -> RolloutPlan:
-        """Stage k's B prompts."""
-        cfg = self.config
-        problems = [self.problems[i] for i in self.cursor.next(cfg.trainer.batch_size)]
-        return RolloutPlan(k, problems, stage_sampling_spec(cfg, k))
-
     def _generate(self, plan: RolloutPlan) -> tuple[list[Trajectory], dict[str, float]]:
         """Each prompt answered G times by every agent (prompt-major, then agent). With
         dynamic sampling, a prompt none of whose (agent, prompt) groups has rewards that differ
@@ -141,19 +128,3 @@ class GrpoRecipe:
         prompts = [p for p in problems for _ in range(n_agents)]
         owners = [[a] * G for _ in problems for a in range(n_agents)]
         return self.runtime.sample(prompts, owners, spec)
-
-    def upcoming_prompts(self, k: int) -> list[MathProblem]:
-        queued = self.queue.queued.get(k)
-        if queued is not None:
-            return queued.plan.problems
-        return next_prompts(self.cursor, self.problems, self.config.trainer.batch_size)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"cursor": self.cursor.state_dict(), "queue": self.queue.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cursor.load_state_dict(state["cursor"])
-        self.queue.load_state_dict(state["queue"])
-
-    def close(self) -> None:
-        self.queue.close()

@@ -22,7 +22,7 @@ from satseq.algo import (
     truncated_is_weights,
 )
 from satseq.cluster.learner_specs import LearnerSettings, trust_region_spec
-from satseq.cluster.recipes.base import StageResult, lap, next_prompts, stage_sampling_spec
+from satseq.cluster.recipes.base import Recipe, StageResult, lap
 from satseq.cluster.recipes.certificate import (
     GAIN_KEY,
     R_MAX,
@@ -40,13 +40,11 @@ from satseq.cluster.recipes.stage_rollouts import (
     correction_weights,
     dynamically_sampled,
     overlap_metrics,
-    rollout_queue,
 )
 from satseq.cluster.rollout_queue import StageRollouts
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
 from satseq.data import MathProblem, apply_chat_template
-from satseq.data.cursor import PromptCursor
 from satseq.seeds import round_seed
 
 if TYPE_CHECKING:
@@ -55,13 +53,12 @@ if TYPE_CHECKING:
 DEFAULT_ROLE_PROMPT = "Check the solution above and give the final answer in \\boxed{}."
 
 
-class SatSeqRecipe:
+class SatSeqRecipe(Recipe):
     """Block-coordinate updates of the agents in a scheduled order, each seeing the ones
     updated before it through truncated IS weights, under a quantile-KL trust region."""
 
     def __init__(self, config: RunConfig, runtime: TeamRuntime, problems: list[MathProblem]):
-        self.config, self.runtime, self.problems = config, runtime, problems
-        self.cursor = PromptCursor(len(problems), config.trainer.seed)
+        super().__init__(config, runtime, problems)
         self.scheduler = AgentScheduler(
             runtime.agents, mode=config.sat_seq.scheduler, seed=config.trainer.seed
         )
@@ -81,7 +78,6 @@ class SatSeqRecipe:
         self.measure_held_out = config.algorithm.kl_ctrl.measure_on == "held_out"
         self.last_gains: dict[str, float] | None = None
         self.baseline_reward = (R_MIN + R_MAX) / 2  # b of the bandit bound, fixed before sampling
-        self.queue = rollout_queue(config, runtime, self._plan, self._generate)
 
     @staticmethod
     def learner_settings(config: RunConfig) -> LearnerSettings:
@@ -207,12 +203,6 @@ class SatSeqRecipe:
             stats.sequence_kl[measured], units[measured], kl_ctrl.target_kl, kl_ctrl.eta
         )
 
-    def _plan(self, k: int) -> RolloutPlan:
-        """Stage k's B prompts."""
-        cfg = self.config
-        problems = [self.problems[i] for i in self.cursor.next(cfg.trainer.batch_size)]
-        return RolloutPlan(k, problems, stage_sampling_spec(cfg, k))
-
     def _generate(self, plan: RolloutPlan) -> tuple[list[Trajectory], dict[str, float]]:
         """G scored trajectories per prompt (prompt-major): the training prompts', then the
         held-out ones'. With dynamic sampling, training prompts whose G rewards are all equal
@@ -302,29 +292,16 @@ class SatSeqRecipe:
             bound["from_version"] = rollouts.version
         return bound
 
-    # --- swaps and resume -----------------------------------------------------------------------
+    # --- resume --------------------------------------------------------------------------------
 
-    def upcoming_prompts(self, k: int) -> list[MathProblem]:
-        queued = self.queue.queued.get(k)
-        if queued is not None:
-            return queued.plan.problems
-        return next_prompts(self.cursor, self.problems, self.config.trainer.batch_size)
-
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         return {
-            "cursor": self.cursor.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "last_gains": self.last_gains,
             "baseline_reward": self.baseline_reward,
-            "queue": self.queue.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cursor.load_state_dict(state["cursor"])
+    def _load_state(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.last_gains = state["last_gains"]
         self.baseline_reward = state["baseline_reward"]
-        self.queue.load_state_dict(state["queue"])
-
-    def close(self) -> None:
-        self.queue.close()

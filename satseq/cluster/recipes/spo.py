@@ -19,7 +19,7 @@ from satseq.actors.trajectory import Trajectory
 from satseq.algo import BetaTracker, PrioritisedSampler, spo_advantages
 from satseq.algo.spo import binarise_score
 from satseq.cluster.learner_specs import PLAIN_STEPS, LearnerSettings
-from satseq.cluster.recipes.base import StageResult, lap, stage_sampling_spec
+from satseq.cluster.recipes.base import Recipe, StageResult, lap, stage_sampling_spec
 from satseq.cluster.recipes.stage_metrics import near_zero_fraction, stage_metrics, update_metrics
 from satseq.cluster.recipes.stage_rollouts import (
     RolloutPlan,
@@ -27,7 +27,6 @@ from satseq.cluster.recipes.stage_rollouts import (
     correction_weights,
     needs_proximal_logprobs,
     overlap_metrics,
-    rollout_queue,
 )
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
@@ -42,9 +41,8 @@ Key = tuple[str, str]
 """A tracker key: (agent name, raw problem text)."""
 
 
-class SpoRecipe:
+class SpoRecipe(Recipe):
     def __init__(self, config: RunConfig, runtime: TeamRuntime, problems: list[MathProblem]):
-        self.config, self.runtime, self.problems = config, runtime, problems
         spo, trainer = config.spo, config.trainer
         offline = _offline_values(spo.offline_values)
         self.tracker = BetaTracker(spo.rho, spo.rho_min, spo.rho_max, spo.d_half)
@@ -75,7 +73,7 @@ class SpoRecipe:
             exclude_without_prior=not spo.sample_unscored_prompts,
             seed=trainer.seed,
         )
-        self.queue = rollout_queue(config, runtime, self._plan, self._generate)
+        super().__init__(config, runtime, problems)  # the queue plans by the draw above
 
     @staticmethod
     def learner_settings(config: RunConfig) -> LearnerSettings:
@@ -202,30 +200,19 @@ class SpoRecipe:
             "stop",
         )
 
-    def upcoming_prompts(self, k: int) -> list[MathProblem]:
-        """The queued draw of stage k; else (SPO draws its prompts by priority, after the swap)
-        B prompts drawn with a seed of the stage stand for them."""
-        queued = self.queue.queued.get(k)
-        if queued is not None:
-            return queued.plan.problems
+    def _next_prompts(self, k: int) -> list[MathProblem]:
+        """SPO draws its prompts by priority, after the swap: B prompts drawn with a seed of the
+        stage stand for them."""
         B = min(self.config.trainer.batch_size, len(self.problems))
         rng = np.random.default_rng([self.config.trainer.seed, k])
         return [self.problems[i] for i in rng.choice(len(self.problems), size=B, replace=False)]
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "tracker": self.tracker.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "queue": self.queue.state_dict(),
-        }
+    def _state(self) -> dict[str, Any]:
+        return {"tracker": self.tracker.state_dict(), "sampler": self.sampler.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _load_state(self, state: dict[str, Any]) -> None:
         self.tracker.load_state_dict(state["tracker"])
         self.sampler.load_state_dict(state["sampler"])
-        self.queue.load_state_dict(state["queue"])
-
-    def close(self) -> None:
-        self.queue.close()
 
 
 def _offline_values(path: str | None) -> dict[str, list[float]]:
