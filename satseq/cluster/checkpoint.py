@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from satseq.files import write_atomically
+from satseq.files import remove_directory, write_atomically
 
 STAGE_PATTERN = re.compile(r"^stage_(\d+)$")
 RUN_STATE = "run.pt"
@@ -70,3 +70,26 @@ def load_latest_run_state(directory: Path) -> tuple[int, dict[str, Any]] | None:
     stage = stages[-1]
     state = torch.load(run_state_path(directory, stage), map_location="cpu", weights_only=False)
     return stage, state
+
+
+def prune_saved_stages(
+    output_dir: Path, agents: list[str], keep_last: int, needed: set[Path]
+) -> list[Path]:
+    """Remove the agents' saved stages (`agent_<name>/stage_<k>/`) of all but the newest
+    `keep_last` stages, except the directories in `needed` (a model the run still reads: a
+    swapped-in agent's path); each by an atomic rename first. Returns what was removed."""
+    saved = {
+        (int(m.group(1)), path)
+        for name in agents
+        if (output_dir / f"agent_{name}").is_dir()
+        for path in (output_dir / f"agent_{name}").iterdir()
+        if (m := STAGE_PATTERN.match(path.name))
+    }
+    newest = sorted({stage for stage, _ in saved})[-keep_last:]
+    keep = {path.resolve() for path in needed}
+    removed = []
+    for stage, path in sorted(saved):
+        if stage not in newest and path.resolve() not in keep:
+            remove_directory(path)
+            removed.append(path)
+    return removed

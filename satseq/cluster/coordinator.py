@@ -22,7 +22,12 @@ from satseq.actors.incarnation import check_not_restarted, incarnations
 from satseq.actors.learner import Learner
 from satseq.actors.learner.handle import learner_actors
 from satseq.actors.rollout import RolloutWorker
-from satseq.cluster.checkpoint import learner_state_path, load_latest_run_state, save_run_state
+from satseq.cluster.checkpoint import (
+    learner_state_path,
+    load_latest_run_state,
+    prune_saved_stages,
+    save_run_state,
+)
 from satseq.cluster.faults import (
     ACTOR_LOSS,
     FaultLog,
@@ -209,6 +214,14 @@ class Coordinator:
         }
         self.log.write(metrics, {"stage": stage, **certificate})
         save_run_state(checkpoints, stage, state)
+        if self.config.output.keep_last is not None:
+            in_use = self.runtime.agent_paths + [swap.path for swap in self.config.team.swaps]
+            prune_saved_stages(
+                self.output_dir,
+                self.runtime.agents,
+                self.config.output.keep_last,
+                {Path(path) for path in in_use},
+            )
 
     def _restore(self) -> int | None:
         """Load the newest checkpoint, push its weights to the engines; the stage it ended."""

@@ -176,6 +176,13 @@ class OutputConfig(Section):
 
     dir: str = Field("outputs", description="a run writes to dir/exp_name unless --output-dir")
     exp_name: str = Field("satseq", description="the run's directory under output.dir")
+    keep_last: int | None = Field(
+        None,
+        ge=1,
+        description="keep the agents' saved stages (agent_<name>/stage_<k>/) of the newest N "
+        "stages only, and any a swap reads; null: every one (HF's save_total_limit, verl's "
+        "max_ckpt_to_keep)",
+    )
     trackers: list[TrackerName] = Field(
         default_factory=lambda: ["tensorboard"],
         description="where each stage's metrics.jsonl numbers also go; [] for none",

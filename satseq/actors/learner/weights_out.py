@@ -9,7 +9,6 @@ import copy
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 
@@ -18,6 +17,7 @@ from satseq.actors.learner.snapshot import local_shard
 from satseq.actors.sharding import full_state
 from satseq.actors.tensor_bucket import TensorBucket
 from satseq.actors.weight_transfer import TensorSpec, WeightSender
+from satseq.files import write_directory_atomically
 from satseq.models.adapters import ADAPTER_NAME, write_adapter
 
 
@@ -119,13 +119,16 @@ def save_pretrained(policy: AgentPolicy, directory: str) -> str:
     vLLM; sharded, consolidated from the shards and written by rank 0. A LoRA agent's: an
     adapter directory (PEFT's files, the tokenizer) that peft and vLLM load on its base."""
     weights = all_weights(policy)
-    if policy.group.rank != 0:
-        return directory
+    if policy.group.rank == 0:  # written aside, then renamed: never a half directory
+        write_directory_atomically(directory, lambda path: _write_hf(policy, weights, str(path)))
+    return directory
+
+
+def _write_hf(policy: AgentPolicy, weights: dict[str, torch.Tensor], directory: str) -> None:
     if policy.lora is not None:
         write_adapter(directory, policy.lora, weights)
         policy.tokenizer.save_pretrained(directory)
-        return directory
-    Path(directory).mkdir(parents=True, exist_ok=True)
+        return
     seen = set()
     for name, tensor in policy.model.state_dict().items():  # tied weights are saved once
         if local_shard(tensor).data_ptr() in seen:
@@ -136,4 +139,3 @@ def save_pretrained(policy: AgentPolicy, directory: str) -> str:
     config.dtype = policy.save_dtype  # save_pretrained wrote the master weights' float32
     config.save_pretrained(directory)
     policy.tokenizer.save_pretrained(directory)
-    return directory
