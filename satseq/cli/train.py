@@ -11,11 +11,12 @@ from satseq.cli.common import (
     AddressOption,
     ConfigArg,
     OverridesArg,
+    PositionalOverride,
     SetOption,
     fail,
     resolve_config,
 )
-from satseq.config import RunConfig
+from satseq.config import TRAIN_CONFIG, RunConfig
 
 SwapOption = Annotated[
     list[str] | None,
@@ -32,7 +33,24 @@ def train(
     overrides: OverridesArg = None,
     set_: SetOption = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="continue after the last checkpoint")
+        bool,
+        typer.Option(
+            "--resume",
+            help="continue the run in --output-dir after its last checkpoint, with the config it "
+            "was started with (CONFIG and overrides may change only what keeps it the same run)",
+        ),
+    ] = False,
+    from_checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-checkpoint",
+            help="RUN/checkpoints/stage_N: a new run (in --output-dir) that starts after that "
+            "stage of RUN, with RUN's config",
+        ),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="resume even where the config changes what a stage does"),
     ] = False,
     output_dir: Annotated[
         Path | None, typer.Option("--output-dir", help="default: output.dir/output.exp_name")
@@ -42,7 +60,15 @@ def train(
 ) -> None:
     """Train the team; with no CONFIG, the embedded default (configs/quickstart.yaml).
     KEY=VALUE arguments and --set KEY=VALUE options override the config's keys."""
-    resolved = resolve_config(config, set_, overrides)  # before the heavy imports: errors at once
+    if resume and from_checkpoint:
+        raise fail("--resume continues a run, --from-checkpoint starts a new one: give one")
+    if resume or from_checkpoint:
+        resolved, output_dir = continued_run(
+            config, overrides, set_, output_dir, force, from_checkpoint
+        )
+        resume = True
+    else:  # before the heavy imports: errors at once
+        resolved = resolve_config(config, set_, overrides)
     if swap:
         resolved = with_swaps(resolved, swap, next_stage(resolved, output_dir, resume))
     if any(resolved.agent_lora(i) for i in range(len(resolved.team.agents))):
@@ -50,6 +76,77 @@ def train(
     from satseq.cluster.driver import train as run_training
 
     run_training(resolved, str(output_dir) if output_dir else None, resume=resume, address=address)
+
+
+def continued_run(
+    config: Path | PositionalOverride | None,
+    overrides: list[str] | None,
+    set_: list[str] | None,
+    output_dir: Path | None,
+    force: bool,
+    from_checkpoint: Path | None,
+) -> tuple[RunConfig, Path]:
+    """The config and output directory of a resumed run (its saved config, changed only where
+    `config.resume.SAFE_TO_CHANGE` allows, unless forced), or of a new run from another's
+    checkpoint (copied into its own checkpoints/); a directory with no run is an error."""
+    from satseq.config.resume import describe_differences, unsafe_differences
+
+    if from_checkpoint is None:
+        run_dir = output_dir or output_dir_for(resolve_config(config, set_, overrides), None)
+        output_dir = run_dir
+    else:
+        run_dir = checkpoint_run(from_checkpoint)
+    saved_path = run_dir / TRAIN_CONFIG
+    if not saved_path.is_file():
+        raise fail(f"{run_dir} holds no run ({TRAIN_CONFIG} not found): nothing to resume")
+    given = config is not None and not isinstance(config, PositionalOverride)
+    if given:
+        wanted = resolve_config(config, set_, overrides)
+    else:
+        wanted = resolve_config(saved_path, set_, [*(overrides or []), *positional(config)])
+    saved = resolve_config(saved_path, None)
+    unsafe = unsafe_differences(saved, wanted)
+    if unsafe and not force:
+        raise fail(
+            f"the config differs from {saved_path} where a continued run must keep it:\n"
+            f"{describe_differences(unsafe)}\n(trainer.stages, logging, validation, saving "
+            "and output may change; --force goes on anyway)"
+        )
+    if from_checkpoint is not None:
+        output_dir = output_dir or output_dir_for(wanted, None)
+        seed_checkpoint(from_checkpoint, output_dir)
+    return wanted, output_dir
+
+
+def positional(config: Path | PositionalOverride | None) -> list[str]:
+    """A KEY=VALUE given where CONFIG goes, as an override."""
+    return [str(config)] if isinstance(config, PositionalOverride) else []
+
+
+def checkpoint_run(checkpoint: Path) -> Path:
+    """RUN of `RUN/checkpoints/stage_N`, a complete checkpoint; else a clean exit saying why."""
+    from satseq.cluster.checkpoint import RUN_STATE, STAGE_PATTERN
+
+    if not (STAGE_PATTERN.match(checkpoint.name) and checkpoint.parent.name == "checkpoints"):
+        raise fail(f"--from-checkpoint {checkpoint}: expected RUN/checkpoints/stage_<N>")
+    if not (checkpoint / RUN_STATE).is_file():
+        raise fail(f"--from-checkpoint {checkpoint}: not a complete checkpoint (no {RUN_STATE})")
+    return checkpoint.parent.parent
+
+
+def seed_checkpoint(checkpoint: Path, output_dir: Path) -> None:
+    """`checkpoint` copied into the new run's checkpoints/, where resume finds it; a directory
+    that already holds a run is refused."""
+    import shutil
+
+    target = output_dir / "checkpoints"
+    if (output_dir / TRAIN_CONFIG).exists() or target.exists():
+        raise fail(f"--output-dir {output_dir} already holds a run: give a new directory")
+    shutil.copytree(checkpoint, target / checkpoint.name)
+
+
+def output_dir_for(config: RunConfig, output_dir: Path | None) -> Path:
+    return output_dir or Path(config.output.dir) / config.output.exp_name
 
 
 def check_lora_team(config: RunConfig) -> None:
@@ -68,7 +165,6 @@ def next_stage(config: RunConfig, output_dir: Path | None, resume: bool) -> int:
     if not resume:
         return 0
     from satseq.cluster.checkpoint import checkpoint_stages
-    from satseq.cluster.driver import output_dir_for
 
     stages = checkpoint_stages(output_dir_for(config, output_dir) / "checkpoints")
     return stages[-1] + 1 if stages else 0
