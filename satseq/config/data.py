@@ -3,7 +3,8 @@ files) and `reward:`."""
 
 from __future__ import annotations
 
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -22,6 +23,23 @@ class PromptConfig(Section):
     tool_prompt: bool = Field(
         False, description="tell the model it may run Python in <code> tags (`--tools` sets it)"
     )
+    chat_template: str | None = Field(
+        None,
+        description="the chat template in place of the tokenizer's: 'plain' (a base model with "
+        "none: Question:/Answer: lines), a path to a .jinja file, or the Jinja text itself; "
+        "None: the tokenizer's",
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="variables the chat template reads, e.g. {enable_thinking: false} (Qwen3)",
+    )
+
+    @field_validator("chat_template")
+    @classmethod
+    def _a_template_file_exists(cls, template: str | None) -> str | None:
+        if template is not None and template.endswith(".jinja") and not Path(template).is_file():
+            raise ValueError(f"{template}: no such .jinja file")
+        return template
 
 
 class SyntheticDataConfig(Section):

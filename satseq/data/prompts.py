@@ -8,7 +8,7 @@ telling the model how to call the sandbox (DESIGN §5).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from satseq.data.records import DataError, MathProblem
@@ -23,17 +23,34 @@ TOOL_INSTRUCTION = (
 )
 
 
+PLAIN_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message.role == 'system' %}{{ message.content }}\n\n"
+    "{% elif message.role == 'user' %}Question: {{ message.content }}\n"
+    "{% else %}Answer: {{ message.content }}\n\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Answer:{% endif %}"
+)
+"""`data.prompt.chat_template: plain`, for base models that have no chat template: the system
+message, then `Question: <user message>` and `Answer: <reply>` lines; the prompt ends with
+`Answer:`, where the model's answer starts."""
+
+
 @dataclass(frozen=True)
 class PromptFormat:
     """How a problem is put to the model.
 
     `answer_instruction` follows the problem ("" for none); `system_prompt`, when set, is a
     system message; `tool_instruction`, when set, precedes the problem (use it for tool runs).
+    `chat_template`: a Jinja template in place of the tokenizer's (`PLAIN_TEMPLATE` for a base
+    model); `chat_template_kwargs`: variables the template reads (Qwen3's `enable_thinking`).
     """
 
     answer_instruction: str = SPO_ANSWER_INSTRUCTION
     system_prompt: str | None = None
     tool_instruction: str | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 DEFAULT_PROMPT_FORMAT = PromptFormat()
@@ -56,22 +73,35 @@ def build_messages(
     return messages
 
 
-def apply_chat_template(tokenizer: Any, messages: list[dict[str, str]]) -> str:
-    """The prompt text for `messages`, ending where the assistant's reply starts."""
-    if getattr(tokenizer, "chat_template", None) is None:
+def apply_chat_template(
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
+) -> str:
+    """The prompt text for `messages`, ending where the assistant's reply starts: the format's
+    chat template if it has one, else the tokenizer's, with the format's template variables."""
+    template = prompt_format.chat_template or getattr(tokenizer, "chat_template", None)
+    if template is None:
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         raise DataError(
-            f"tokenizer {name!r} has no chat template; use a chat model's tokenizer or set "
-            "tokenizer.chat_template to a Jinja template"
+            f"tokenizer {name!r} has no chat template (a base model?): set "
+            "data.prompt.chat_template to 'plain' (Question:/Answer: lines), a Jinja template, "
+            "or a .jinja file"
         )
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        messages,
+        chat_template=template,
+        tokenize=False,
+        add_generation_prompt=True,
+        **prompt_format.chat_template_kwargs,
+    )
 
 
 def build_prompt(
     tokenizer: Any, problem: MathProblem | str, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT
 ) -> str:
     """`build_messages` then `apply_chat_template`: the text a rollout engine is given."""
-    return apply_chat_template(tokenizer, build_messages(problem, prompt_format))
+    return apply_chat_template(tokenizer, build_messages(problem, prompt_format), prompt_format)
 
 
 def prompt_ids(

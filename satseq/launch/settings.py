@@ -6,11 +6,13 @@ sets). The trainer's own (each agent's learner spec, training data) are in
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 
 from satseq.actors.trajectory import SamplingSpec
 from satseq.config import RunConfig
 from satseq.config.rollout import SandboxConfig
 from satseq.data import DEFAULT_PROMPT_FORMAT, TOOL_PROMPT_FORMAT, PromptFormat
+from satseq.data.prompts import PLAIN_TEMPLATE
 from satseq.rewards import RewardScorer
 from satseq.sandbox.backend import SandboxBackend
 from satseq.sandbox.fusion_client import FusionBackend
@@ -27,7 +29,18 @@ def prompt_format(config: RunConfig) -> PromptFormat:
         else base.answer_instruction,
         system_prompt=prompt.system_prompt,
         tool_instruction=base.tool_instruction,
+        chat_template=chat_template_text(prompt.chat_template),
+        chat_template_kwargs=prompt.chat_template_kwargs,
     )
+
+
+def chat_template_text(template: str | None) -> str | None:
+    """`data.prompt.chat_template` as Jinja text: 'plain', a .jinja file's text, or as it is."""
+    if template == "plain":
+        return PLAIN_TEMPLATE
+    if template is not None and template.endswith(".jinja"):
+        return Path(template).read_text()
+    return template
 
 
 def reward_scorer(config: RunConfig) -> RewardScorer:

@@ -105,7 +105,7 @@ def chat_encoder(messages: list[ChatMessage], prompt_format: PromptFormat) -> En
 
     def encode(tokenizer: Any) -> list[int]:
         try:
-            text = apply_chat_template(tokenizer, conversation)
+            text = apply_chat_template(tokenizer, conversation, prompt_format)
         except (TemplateError, DataError) as error:
             raise OpenAIError(
                 422, f"the agents' chat template refuses these messages: {error}", "messages"

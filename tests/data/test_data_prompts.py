@@ -79,5 +79,51 @@ def test_a_problem_and_its_text_give_the_same_messages():
 
 
 def test_a_tokenizer_without_a_chat_template_is_refused_with_advice():
-    with pytest.raises(DataError, match=r"has no chat template.*tokenizer\.chat_template"):
+    with pytest.raises(DataError, match=r"has no chat template.*data\.prompt\.chat_template"):
         apply_chat_template(char_tokenizer(chat_template=None), build_messages(PROBLEM))
+
+
+def test_a_base_model_with_no_template_takes_the_plain_format():
+    """`data.prompt.chat_template: plain` (PLAIN_TEMPLATE): the system message, then
+    `Question: ...`, and the prompt ends at `Answer:`."""
+    from satseq.data.prompts import PLAIN_TEMPLATE
+
+    base = char_tokenizer(chat_template=None)
+    with pytest.raises(DataError, match=r"data\.prompt\.chat_template"):
+        build_prompt(base, PROBLEM)
+    plain = PromptFormat(
+        answer_instruction="", system_prompt="Be brief.", chat_template=PLAIN_TEMPLATE
+    )
+    assert (
+        build_prompt(base, PROBLEM, plain) == "Be brief.\n\nQuestion: What is 7 + 12 - 3?\nAnswer:"
+    )
+
+
+def test_a_template_override_and_its_variables_reach_the_prompt():
+    """A template in place of the tokenizer's, reading a variable (as Qwen3's reads
+    enable_thinking): both come from the prompt format."""
+    template = (
+        "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %}<no-think>{% endif %}"
+    )
+    chat = char_tokenizer()
+    thinking = PromptFormat(answer_instruction="", chat_template=template)
+    assert build_prompt(chat, "2+2?", thinking) == "2+2?"
+    quiet = PromptFormat(
+        answer_instruction="",
+        chat_template=template,
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    assert build_prompt(chat, "2+2?", quiet) == "2+2?<no-think>"
+
+
+def test_the_config_names_a_template_file_that_does_not_exist(tmp_path):
+    from satseq.config import QUICKSTART, ConfigError, load_config
+    from satseq.launch.settings import prompt_format
+
+    with pytest.raises(ConfigError, match=r"data\.prompt\.chat_template.*missing\.jinja"):
+        load_config(QUICKSTART, [f"data.prompt.chat_template={tmp_path}/missing.jinja"])
+    template = tmp_path / "mine.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    config = load_config(QUICKSTART, [f"data.prompt.chat_template={template}"])
+    assert prompt_format(config).chat_template == "{{ messages[0]['content'] }}"

@@ -69,7 +69,10 @@ class SatSeqRecipe(Recipe):
         # chain: the tokens that hand the sequence to agent k, its role as a user turn
         self.handoffs = [
             tokenizer.encode(
-                "\n" + apply_chat_template(tokenizer, [{"role": "user", "content": role}]),
+                "\n"
+                + apply_chat_template(
+                    tokenizer, [{"role": "user", "content": role}], runtime.prompt_format
+                ),
                 add_special_tokens=False,
             )
             for role in (agent.role_prompt or DEFAULT_ROLE_PROMPT for agent in config.team.agents)
