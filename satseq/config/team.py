@@ -42,6 +42,9 @@ class AgentConfig(Section):
     path: str = Field(
         min_length=1, description="HF model dir or hub name; 'builtin:tiny' = the embedded model"
     )
+    revision: str | None = Field(
+        None, description="a Hub model's branch, tag or commit; None: its default branch"
+    )
     role_prompt: str | None = Field(
         None, description="chain topology: this agent's role instruction"
     )

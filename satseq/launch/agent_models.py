@@ -20,8 +20,10 @@ def agent_model_dir(config: RunConfig, i: int, path: str | None = None) -> str:
     """The directory agent i loads for `path` (a swap's; None: `team.agents[i].path`)."""
     agent = config.team.agents[i]
     lora = config.agent_lora(i)
-    if (path is not None and path != agent.path) or lora is None or is_adapter_dir(agent.path):
-        return str(resolve_model_path(path or agent.path))
+    if path is not None and path != agent.path:  # a swap's model
+        return str(resolve_model_path(path))
+    if lora is None or is_adapter_dir(agent.path):
+        return str(resolve_model_path(agent.path, agent.revision))
     key = f"team.agents.{i}.lora" if agent.lora else "trainer.lora"
     targets = lora.target_modules
     spec = LoraSpec(
@@ -30,7 +32,7 @@ def agent_model_dir(config: RunConfig, i: int, path: str | None = None) -> str:
         lora.dropout,
         targets if isinstance(targets, str) else tuple(targets),
     )
-    base = resolve_model_path(agent.path)
+    base = resolve_model_path(agent.path, agent.revision)
     try:
         return str(initial_adapter(base, spec, agent_seed(config.trainer.seed, i)))
     except ValueError as error:  # the one thing the config cannot check: the model's layers

@@ -100,11 +100,19 @@ def is_adapter_dir(path: str | Path) -> bool:
     return (Path(path).expanduser() / ADAPTER_CONFIG).is_file()
 
 
-def resolve_model_path(path_or_name: str | Path) -> Path:
+def resolve_model_path(path_or_name: str | Path, revision: str | None = None) -> Path:
     """The local directory holding `path_or_name`'s model, building, importing or downloading
     it if needed: `gguf:FILE` and GGUF builtins are imported once into the model cache. A LoRA
-    adapter directory is returned as it is (`satseq.models.adapters`)."""
+    adapter directory is returned as it is (`satseq.models.adapters`). `revision`: a Hub
+    model's branch, tag or commit (the snapshot of that revision); a Hub name only."""
     name = str(path_or_name)
+    if revision is not None and (
+        name.startswith((BUILTIN_PREFIX, GGUF_PREFIX)) or Path(name).expanduser().exists()
+    ):
+        raise ModelLoadError(
+            f"model {name!r} is local or builtin: a revision ({revision!r}) names a version of a "
+            "Hugging Face Hub model; drop it"
+        )
     try:
         if name in BUILTIN_GGUF_MODELS:
             return resolve_gguf(builtin_gguf_file(name))
@@ -138,13 +146,16 @@ def resolve_model_path(path_or_name: str | Path) -> Path:
             f"model path {name!r} is not a directory; pass a Hugging Face model directory, "
             f"a Hub name such as 'Qwen/Qwen3-4B', or one of the builtin names"
         )
-    return _hub_snapshot(name)
+    return _hub_snapshot(name, revision)
 
 
-def _hub_snapshot(name: str) -> Path:
-    """The local snapshot of Hub model `name`: from the HF cache, else downloaded."""
+def _hub_snapshot(name: str, revision: str | None = None) -> Path:
+    """The local snapshot of Hub model `name` (at `revision`): from the HF cache, else
+    downloaded."""
     try:
-        cached = snapshot_download(name, allow_patterns=HUB_FILE_PATTERNS, local_files_only=True)
+        cached = snapshot_download(
+            name, revision=revision, allow_patterns=HUB_FILE_PATTERNS, local_files_only=True
+        )
         return Path(cached)
     except HFValidationError:
         raise ModelLoadError(
@@ -158,8 +169,8 @@ def _hub_snapshot(name: str) -> Path:
     try:
         # Probe with a short timeout first: downloads run without one, so with no network they
         # could wait on the operating system's connect timeout for minutes.
-        HfApi().model_info(name, timeout=HUB_PROBE_TIMEOUT_S)
-        return Path(snapshot_download(name, allow_patterns=HUB_FILE_PATTERNS))
+        HfApi().model_info(name, revision=revision, timeout=HUB_PROBE_TIMEOUT_S)
+        return Path(snapshot_download(name, revision=revision, allow_patterns=HUB_FILE_PATTERNS))
     except (RepositoryNotFoundError, GatedRepoError) as error:
         reason = f"the Hub has no model {name!r} that we may read ({type(error).__name__})"
         raise ModelLoadError(_not_fetched_message(name, reason)) from None

@@ -37,6 +37,25 @@ def test_hub_name_in_the_hf_cache_loads_with_no_network(tiny_model_dir, monkeypa
     assert model.config.model_type == "qwen2"
 
 
+def test_a_revision_picks_that_snapshot_of_a_hub_model(tiny_model_dir, monkeypatch, tmp_path):
+    """`team.agents[i].revision`: the cache holds two commits, main and a tag v1; each resolves
+    to its own snapshot. A revision of a local or builtin model is refused, naming it."""
+    main, tagged = "0" * 40, "1" * 40
+    repo_cache = tmp_path / "hub" / "models--satseq-test--versioned"
+    for commit in (main, tagged):
+        shutil.copytree(tiny_model_dir, repo_cache / "snapshots" / commit)
+    (repo_cache / "refs").mkdir()
+    (repo_cache / "refs" / "main").write_text(main)
+    (repo_cache / "refs" / "v1").write_text(tagged)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    assert resolve_model_path("satseq-test/versioned") == repo_cache / "snapshots" / main
+    assert resolve_model_path("satseq-test/versioned", "v1") == repo_cache / "snapshots" / tagged
+    assert resolve_model_path("satseq-test/versioned", tagged) == repo_cache / "snapshots" / tagged
+    with pytest.raises(ModelLoadError, match=r"local or builtin.*'v1'"):
+        resolve_model_path(tiny_model_dir, "v1")
+
+
 def test_unknown_hub_name_fails_fast_with_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     name = "satseq-test-org/no-such-model"
