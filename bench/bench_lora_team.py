@@ -1,4 +1,4 @@
-"""A LoRA team against a full team (DESIGN §12; README "LoRA teams"): `satseq train` of each
+"""A LoRA team against a full team (design §12; README "LoRA teams"): `satseq train` of each
 config as a user runs it, with the peak memory of the run's process tree (the driver, Ray's
 processes, every actor: the sum of their proportional set sizes, so shared memory counts once)
 sampled every 2 s, each phase's mean seconds per stage (metrics.jsonl), and the held-out team

@@ -6,7 +6,7 @@ with its own seed. Three runs of the real `satseq train` on configs/quickstart.y
 
 - `no swap`: the quickstart as it is;
 - `projected`: agent a2 swapped for the stronger model before stage `--at`, first projected
-  towards the outgoing a2 (mean per-state KL ≤ δ0, DESIGN §4), then trained on;
+  towards the outgoing a2 (mean per-state KL ≤ δ0, design §4), then trained on;
 - `λ = 0`: the same swap with no projection (δ0 so large that λ = 0: the incoming model as is).
 
 Each run's team is scored with `satseq eval` on 200 held-out `synthetic:test` problems (K = 4

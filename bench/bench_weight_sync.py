@@ -2,7 +2,7 @@
 to the rollout actors' engines bucket by bucket, through the object store or broadcast over a
 collective (`rollout.weight_sync`; gloo on the CPU, NCCL on GPUs). Prints seconds per push and
 per GB for several bucket sizes, and the push as a share of a stage. Then a LoRA agent's push
-(DESIGN §12): its adapter alone, one bucket through the object store into the engine it shares
+(design §12): its adapter alone, one bucket through the object store into the engine it shares
 with the other LoRA agents, as a new adapter version (`--lora-ranks`).
 
     python bench/bench_weight_sync.py                       # SmolLM2-135M, vLLM, W = 1 and 2

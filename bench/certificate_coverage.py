@@ -1,4 +1,4 @@
-"""Coverage of the bandit bound when a prompt's G samples are correlated (DESIGN §4).
+"""Coverage of the bandit bound when a prompt's G samples are correlated (design §4).
 
 Prompts come from a pool of 4,096 with heterogeneous success rates p ~ U(0.02, 0.98) under π
 (`rates`; (0.8, 0.8): every prompt alike).

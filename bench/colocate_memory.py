@@ -24,7 +24,7 @@ least --kv-cache-gb to spare for the engines' KV cache:
                   log-probs: the n learners' forward copies at once, the engines asleep;
                   generation: n engines + their KV cache
 
-LoRA agents (DESIGN §12), n adapters of rank r on one base, a = r · Σ (in + out) over the
+LoRA agents (design §12), n adapters of rank r on one base, a = r · Σ (in + out) over the
 adapted linear layers (all-linear) parameters each:
 
     learners' base                b · Ψ once (`--lora-bases 1`: the learners share it) or n times

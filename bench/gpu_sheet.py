@@ -349,7 +349,7 @@ def measure_fsdp2(path: str, args, plan: Plan, trajectories) -> dict:
 
 def measure_head(path: str, args, plan: Plan, trajectories) -> dict:
     """The output layer's matmul over one micro-batch's response states, [M, H] × [H, V]: in
-    float32 as the learner computes it (DESIGN §4), in TF32, in bf16, and in split bf16
+    float32 as the learner computes it (design §4), in TF32, in bf16, and in split bf16
     (`bf16x3`: three bf16 products with float32 accumulation, h_hi·W_hi + h_hi·W_lo + h_lo·W_hi);
     seconds each and the largest logit error against float64 on 256 of the states. The states
     are the model's own (a forward pass of the micro-batch); their logits' scale is printed

@@ -1,4 +1,4 @@
-"""Files and directories that a crash never leaves half-written (DESIGN §8: nothing is lost).
+"""Files and directories that a crash never leaves half-written (design §8: nothing is lost).
 
 Each is written to a hidden temporary name in the same directory, fsynced, then renamed over the
 final name (rename is atomic on POSIX), and the directory is fsynced so that the rename itself

@@ -53,5 +53,5 @@ def round_seed(seed: int | None, round_: int) -> int | None:
 
 
 def turn_seed(seed: int | None, turn: int) -> int | None:
-    """Tool turn `turn` of a rollout (DESIGN §5)."""
+    """Tool turn `turn` of a rollout (design §5)."""
     return None if seed is None else seed + TURN_STRIDE * turn

@@ -1,4 +1,4 @@
-"""The tool-use tags of DESIGN §5, spelled once.
+"""The tool-use tags of design §5, spelled once.
 
 The model writes code between CODE_OPEN and CODE_CLOSE (generation stops at CODE_CLOSE); the
 sandbox's output comes back between INTERPRETER_OPEN and INTERPRETER_CLOSE, masked out of the

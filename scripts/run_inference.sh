@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Evaluate a trained team with the seeds' flags, as a thin wrapper over `satseq eval` (DESIGN §10).
+# Evaluate a trained team with the seeds' flags, as a thin wrapper over `satseq eval` (design §10).
 #
 #   scripts/run_inference.sh --dataset aime24 --checkpoint_dir outputs/sat_seq_dapo \
 #       --output_dir results/aime24

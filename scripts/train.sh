@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GRPO or SPO training with the seeds' environment variables (recipe/spo/train.sh), as a thin
-# wrapper over `satseq train configs/grpo.yaml|configs/spo.yaml --set ...` (DESIGN §10).
+# wrapper over `satseq train configs/grpo.yaml|configs/spo.yaml --set ...` (design §10).
 #
 #   METHOD=SPO OUTPUT_DIR=outputs TRAIN_DATA_DIR=splits MODEL_PATH=Qwen/Qwen3-8B \
 #     EXP_NAME=spo_training OFFLINE_VALUES=splits/offline_values.json scripts/train.sh

@@ -1,4 +1,4 @@
-"""The import layers (DESIGN §2): `algo` ← `actors` ← `cluster`, evaluation and serving beside the
+"""The import layers (design §2): `algo` ← `actors` ← `cluster`, evaluation and serving beside the
 trainer, leaf services below, and no import circle between satseq's modules.
 
 Every import statement counts, at any depth of a file (inside functions and TYPE_CHECKING too):

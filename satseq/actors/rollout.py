@@ -1,5 +1,5 @@
-"""The rollout actor: one inference engine per agent, in one process (DESIGN §3 step 2); the
-LoRA agents on one base share one engine (`satseq.actors.engines.lora`, DESIGN §12).
+"""The rollout actor: one inference engine per agent, in one process (design §3 step 2); the
+LoRA agents on one base share one engine (`satseq.actors.engines.lora`, design §12).
 
 `RolloutWorker` is the plain class, usable in-process; `RolloutActor` is the same class as a
 Ray actor. Give each actor a readable name in the Ray dashboard and logs when starting it:
@@ -11,9 +11,9 @@ Ray actor. Give each actor a readable name in the Ray dashboard and logs when st
     generations = ray.get(rollout.generate.remote([("solver", prompt_ids, 4)], spec))
 
 With `tools` enabled (and a `sandbox`: a SandboxPool actor handle, or an in-process object with
-an async `execute`), every sample runs the agent loop of `tool_loop.ToolLoop` (DESIGN §5).
+an async `execute`), every sample runs the agent loop of `tool_loop.ToolLoop` (design §5).
 With a `scorer`, the samples of a request that carries a `Reference` come back with their text
-and reward: rewards are computed where the rollout happens (DESIGN §3 step 3).
+and reward: rewards are computed where the rollout happens (design §3 step 3).
 
 On GPUs shared with the learners, `sleep()` frees the engines' memory while the learners train and
 `wake_up()` takes it back before the next generation; weights pushed in between wait for it.

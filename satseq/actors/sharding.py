@@ -1,4 +1,4 @@
-"""An agent sharded over W learner ranks (`trainer.workers_per_agent`, DESIGN §3): the ranks'
+"""An agent sharded over W learner ranks (`trainer.workers_per_agent`, design §3): the ranks'
 `torch.distributed` group (NCCL on GPUs, gloo on the CPU), FSDP2 over the model, and the few
 collectives the learner's update needs on top of the ones FSDP2 makes itself.
 

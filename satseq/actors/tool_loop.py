@@ -1,4 +1,4 @@
-"""The tool-augmented agent loop (DESIGN §5): the model writes code, the sandbox runs it, the
+"""The tool-augmented agent loop (design §5): the model writes code, the sandbox runs it, the
 output goes back into the response, and the model continues.
 
 Each sample is a small state machine:

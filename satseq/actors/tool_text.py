@@ -1,4 +1,4 @@
-"""The text side of tool calls (DESIGN §5): finding the model's code, and writing the sandbox's
+"""The text side of tool calls (design §5): finding the model's code, and writing the sandbox's
 answer back in the form the model reads.
 
     code_blocks("Let me check. <code>```python\\nprint(7 + 9)\\n```</code>")  # ["print(7 + 9)"]

@@ -1,4 +1,4 @@
-"""The team topologies (DESIGN §3): who writes which tokens of a trajectory.
+"""The team topologies (design §3): who writes which tokens of a trajectory.
 
 - `mixture`: each trajectory is one agent's answer to the raw prompt; `mixture_assignment` deals
   the G samples of each prompt to the agents, and `owner_rollouts` samples them.
@@ -7,7 +7,7 @@
   format). Handoff tokens are owned by no one (NO_OWNER) and masked out.
 
 Every token records its writer. Requests carry the problem's reference answer, so the rollout
-workers return each scored sample with its text and reward (DESIGN §3 step 3).
+workers return each scored sample with its text and reward (design §3 step 3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What rollouts produce and learners consume: token ids with per-token ownership (DESIGN §3).
+"""What rollouts produce and learners consume: token ids with per-token ownership (design §3).
 
 Plain dataclasses of Python lists, so they cross Ray's object store cheaply and unambiguously;
 `pad_batch` turns a list of them into the [N, T] tensors the learner and `satseq.algo` use.

@@ -1,4 +1,4 @@
-"""`gae` mode's critic (DESIGN §4): a per-agent value head V(s_t) for GAE(γ, λ).
+"""`gae` mode's critic (design §4): a per-agent value head V(s_t) for GAE(γ, λ).
 
 A linear head on the policy's last hidden state at each state s_t. It reads the hidden states
 detached, so the value loss never moves the policy; it has its own AdamW and is fitted by the

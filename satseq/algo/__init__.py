@@ -1,4 +1,4 @@
-"""The science of satseq (DESIGN §4): pure torch and numpy, no Ray and no I/O.
+"""The science of satseq (design §4): pure torch and numpy, no Ray and no I/O.
 
 Each equation is one small function named after what it computes.
 """

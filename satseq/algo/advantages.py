@@ -1,4 +1,4 @@
-"""Advantage estimators (DESIGN §4): GRPO group normalisation, Dr.GRPO, GAE, SPO.
+"""Advantage estimators (design §4): GRPO group normalisation, Dr.GRPO, GAE, SPO.
 
 Shapes: `rewards` is [num_groups, G] for group estimators (G trajectories per prompt) and [B]
 for SPO. Every estimator returns advantages with the input's shape.

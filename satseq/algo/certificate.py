@@ -1,4 +1,4 @@
-"""Per-stage improvement certificates, in reward units (DESIGN §4).
+"""Per-stage improvement certificates, in reward units (design §4).
 
 Two forms:
 - `theorem_terms`: the paper's Theorem 4.4/4.7 decomposition, logged as terms, never as a bound.

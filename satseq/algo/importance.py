@@ -1,4 +1,4 @@
-"""Truncated importance sampling for agents already updated in a stage (DESIGN §4)."""
+"""Truncated importance sampling for agents already updated in a stage (design §4)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """KL(π_θ ‖ π_cur) per token and per sequence, its quantile and the level an outcome certifies
-(DESIGN §4 trust region).
+(design §4 trust region).
 
 Direction: the divergence is taken from the policy being optimised, π_θ, to the stage-start
 policy π_cur, i.e. KL(π_θ ‖ π_cur) = E_{π_θ}[log π_θ − log π_cur]. This is the mode-seeking
@@ -53,7 +53,7 @@ def sequence_kl(per_token_kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def kl_quantile(seq_kl: torch.Tensor, alpha: float) -> float:
     """q, the in-sample (1 − α) quantile (linear interpolation) of the per-sequence KLs [N]: the
-    trust region accepts when q ≤ target_kl (the seeds' rule, DESIGN §4). What an outcome
+    trust region accepts when q ≤ target_kl (the seeds' rule, design §4). What an outcome
     certifies beyond the sample is `certified_alpha`."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"quantile alpha must be in [0, 1], got {alpha}")
@@ -63,7 +63,7 @@ def kl_quantile(seq_kl: torch.Tensor, alpha: float) -> float:
 def certified_alpha(
     seq_kl: torch.Tensor, units: torch.Tensor, target_kl: float, eta: float
 ) -> float:
-    """The level an update's KL outcome certifies (DESIGN §4 trust region): with confidence
+    """The level an update's KL outcome certifies (design §4 trust region): with confidence
     1 − η, a prompt drawn as these were has a sequence with KL(π_θ ‖ π_cur) > target_kl with
     probability at most this, so a sampled sequence exceeds target_kl at most as often.
 

@@ -1,12 +1,12 @@
 """Token log-probs and the exact vocabulary KL from final hidden states, a chunk at a time.
 
-The learner never materialises logits [batch, seq, vocabulary] (DESIGN §11 "Memory"): it takes
+The learner never materialises logits [batch, seq, vocabulary] (design §11 "Memory"): it takes
 the last hidden state h_t [M, H] at the M response states only, and applies the output layer
 W [V, H] (and its bias) to `chunk_tokens` states at a time. Each chunk's logits [m, V] live only
 inside that chunk: under autograd the chunk is checkpointed, so its backward recomputes the
 logits instead of keeping them, and the peak is one chunk's [m, V] in float32, not [M, V].
 
-Precision (DESIGN §4): the output layer's matmul runs in float32 even under bf16 autocast
+Precision (design §4): the output layer's matmul runs in float32 even under bf16 autocast
 (`OutputLayer.float32_logits`, on by default: `trainer.fp32_head`). bf16 logits carry ~0.06 nats
 of rounding at logit scales of 20–30, more than the KL budgets being checked, and the float32
 log-softmax after a bf16 matmul cannot restore the lost bits. With it off, the matmul runs in
@@ -73,7 +73,7 @@ def _chunk_logprob_and_kl(
         return logp, torch.zeros_like(logp)
     with torch.no_grad():
         reference_logp = reference.logprobs(reference_hidden, temperature)
-    return logp, kl_exact_from_logprobs(logp_vocabulary, reference_logp)  # DESIGN §4 KL
+    return logp, kl_exact_from_logprobs(logp_vocabulary, reference_logp)  # design §4 KL
 
 
 def map_chunks(

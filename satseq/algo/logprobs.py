@@ -18,7 +18,7 @@ def token_logprobs(
     """log π(y_t | y_<t) at `temperature`.
 
     logits [B, T, V] are the model's outputs for positions that predict tokens [B, T].
-    The behaviour log-probs logp_cur must be taken at the sampling temperature (DESIGN §4),
+    The behaviour log-probs logp_cur must be taken at the sampling temperature (design §4),
     because that is the distribution the rollout engine sampled from.
     """
     return gather_token_logprobs(vocabulary_logprobs(logits, temperature), tokens)

@@ -1,4 +1,4 @@
-"""Policy losses (DESIGN §4): sequence-ratio PPO with a KL penalty (SAT-Seq), token PPO with
+"""Policy losses (design §4): sequence-ratio PPO with a KL penalty (SAT-Seq), token PPO with
 clip-higher and dual-clip (SPO, GRPO).
 
 Shapes: logp_theta, logp_cur, mask [B, T]; A [B] (one per trajectory); the weights c [B] (one
@@ -140,6 +140,6 @@ def kl_penalty(
     per_token_kl: torch.Tensor, mask: torch.Tensor, beta: float, aggregation: Aggregation
 ) -> torch.Tensor:
     """β_i · KL(π_θ ‖ π_cur) over agent i's tokens, per_token_kl [B, T], aggregated exactly as
-    the policy loss (DESIGN §4): with the same per-sequence or per-token weights, a step is the
+    the policy loss (design §4): with the same per-sequence or per-token weights, a step is the
     same however its mini-batch is cut into micro-batches."""
     return beta * aggregate(per_token_kl, mask, aggregation)

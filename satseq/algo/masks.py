@@ -1,6 +1,6 @@
 """Token masks: which response tokens belong to which agent.
 
-Every trajectory carries per-token owner ids (DESIGN §3), so losses, IS weights and metrics
+Every trajectory carries per-token owner ids (design §3), so losses, IS weights and metrics
 can be restricted to one agent's tokens. Owner id -1 marks tokens no agent wrote (prompt,
 padding, tool output).
 """

@@ -1,4 +1,4 @@
-"""Rollout correction (DESIGN §12): the weight π_prox/π_behaviour between the learner's proximal
+"""Rollout correction (design §12): the weight π_prox/π_behaviour between the learner's proximal
 policy (logp_cur, the stage-start weights recomputed by the learner) and the policy the engine
 sampled from (its reported log-probs), over each agent's own tokens.
 

@@ -1,4 +1,4 @@
-"""The order in which SAT-Seq updates its agents within a stage (DESIGN §4 "Scheduler").
+"""The order in which SAT-Seq updates its agents within a stage (design §4 "Scheduler").
 
 Modes:
     static       the config order, every stage.

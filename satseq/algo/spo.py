@@ -1,4 +1,4 @@
-"""SPO: the per-prompt Beta value tracker and the prioritised prompt sampler (DESIGN §4 "SPO").
+"""SPO: the per-prompt Beta value tracker and the prioritised prompt sampler (design §4 "SPO").
 
 Single-stream Policy Optimization (arXiv 2509.13232) replaces the group baseline with a
 persistent Beta(alpha, beta) tracker per key (in satseq, per ``(agent, raw problem text)``):
@@ -42,7 +42,7 @@ def binarise_score(score: float) -> int:
 
 def prior_sample_count(rho_min: float) -> float:
     """N0 = 1 / (1 - rho_min): the prior is worth the steady-state N_eff under rho_min."""
-    return 1.0 / (1.0 - rho_min)  # SPO prior strength, DESIGN §4 "Prior"
+    return 1.0 / (1.0 - rho_min)  # SPO prior strength, design §4 "Prior"
 
 
 def beta_prior(scores: Sequence[float], rho_min: float) -> tuple[float, float]:
@@ -53,11 +53,11 @@ def beta_prior(scores: Sequence[float], rho_min: float) -> tuple[float, float]:
     """
     n0 = len(scores)
     if n0 == 0:
-        return 0.5, 0.5  # Jeffreys prior, DESIGN §4 "Prior"
+        return 0.5, 0.5  # Jeffreys prior, design §4 "Prior"
     s = sum(binarise_score(score) for score in scores)
     N0 = prior_sample_count(rho_min)
-    alpha0 = N0 * (s + 0.5) / (n0 + 1)  # DESIGN §4 "Prior"
-    beta0 = N0 * (n0 - s + 0.5) / (n0 + 1)  # DESIGN §4 "Prior"
+    alpha0 = N0 * (s + 0.5) / (n0 + 1)  # design §4 "Prior"
+    beta0 = N0 * (n0 - s + 0.5) / (n0 + 1)  # design §4 "Prior"
     return alpha0, beta0
 
 
@@ -65,7 +65,7 @@ def discounted_beta_update(
     alpha: float, beta: float, reward: float, rho: float
 ) -> tuple[float, float]:
     """alpha <- rho alpha + r, beta <- rho beta + (1 - r)."""
-    return rho * alpha + reward, rho * beta + (1.0 - reward)  # DESIGN §4 SPO "Tracker"
+    return rho * alpha + reward, rho * beta + (1.0 - reward)  # design §4 SPO "Tracker"
 
 
 def kl_adaptive_rho(
@@ -95,14 +95,14 @@ def kl_adaptive_rho(
         )
     mask = torch.as_tensor(mask, dtype=torch.float64)
     abs_diff = (logp_prev.double() - logp_now.double()).abs()
-    D = (abs_diff * mask).sum() / mask.sum().clamp_min(1.0)  # DESIGN §4 SPO "Forgetting"
-    rho = 2.0 ** (-D.item() / d_half)  # DESIGN §4 SPO "Forgetting"
+    D = (abs_diff * mask).sum() / mask.sum().clamp_min(1.0)  # design §4 SPO "Forgetting"
+    rho = 2.0 ** (-D.item() / d_half)  # design §4 SPO "Forgetting"
     return min(max(rho, rho_min), rho_max)
 
 
 def sampling_weights(p_hat: np.ndarray, n_eff: np.ndarray, gamma_s: float = 0.0) -> np.ndarray:
     """w = sqrt(p_hat (1 - p_hat)) / N_eff^gamma_s + 0.05, elementwise over [n] keys."""
-    return np.sqrt(p_hat * (1.0 - p_hat)) / n_eff**gamma_s + 0.05  # DESIGN §4 SPO "Sampling"
+    return np.sqrt(p_hat * (1.0 - p_hat)) / n_eff**gamma_s + 0.05  # design §4 SPO "Sampling"
 
 
 class BetaTracker:
@@ -173,7 +173,7 @@ class BetaTracker:
     def p_hat(self, key: Hashable) -> float:
         """p_hat = alpha / (alpha + beta): the key's estimated success probability."""
         alpha, beta = self.alpha_beta(key)
-        return alpha / (alpha + beta)  # DESIGN §4 SPO "Tracker"
+        return alpha / (alpha + beta)  # design §4 SPO "Tracker"
 
     def n_eff(self, key: Hashable) -> float:
         """N_eff = alpha + beta: the discounted number of observations, prior included."""
@@ -203,7 +203,7 @@ class BetaTracker:
             return self.rho_min
         response = self._entry(key)["response"]
         if response is None:
-            return self.rho_max  # first visit, DESIGN §4 SPO "Forgetting"
+            return self.rho_max  # first visit, design §4 SPO "Forgetting"
         if logp_now is None:
             raise ValueError(
                 f"spo rho 'kl': key {key!r} has a stored response; pass logp_now, its tokens "

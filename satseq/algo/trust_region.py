@@ -1,4 +1,4 @@
-"""Quantile-KL trust region with backtracking (DESIGN §4).
+"""Quantile-KL trust region with backtracking (design §4).
 
 After each optimiser step the learner measures q, the (1 − α) quantile of the per-sequence
 KL(π_θ ‖ π_cur) over agent i's sequences. If q > target_kl the step is undone (weights and

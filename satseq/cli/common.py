@@ -66,7 +66,7 @@ ToolsOption = Annotated[
     bool,
     typer.Option(
         "--tools",
-        help="run the tool loop (DESIGN §5) with the sandbox pool and the tool prompt, as "
+        help="run the tool loop (design §5) with the sandbox pool and the tool prompt, as "
         "rollout.tools.enabled=true does (on by default for a team trained with tools)",
     ),
 ]

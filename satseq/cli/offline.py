@@ -1,4 +1,4 @@
-"""`satseq offline-values split|estimate|merge`: the SPO offline-value pipeline (DESIGN §4, §10).
+"""`satseq offline-values split|estimate|merge`: the SPO offline-value pipeline (design §4, §10).
 
 The flags keep the seeds' spellings (`--output_dir`, `--num_subsets`, ...); each also takes the
 dashed spelling the rest of `satseq` uses. A dataset is read as the config's `data` section

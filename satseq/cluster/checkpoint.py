@@ -1,4 +1,4 @@
-"""Resume state, written atomically (DESIGN §8): a crash mid-write never corrupts a checkpoint.
+"""Resume state, written atomically (design §8): a crash mid-write never corrupts a checkpoint.
 
 Layout: `checkpoints/stage_<k>/`, the run's state after stage k:
 - `learner_<i>.pt`: agent i's learner state (master weights, optimiser, β, RNG), written by the

@@ -1,4 +1,4 @@
-"""The Coordinator actor: runs a team's stages one after another (DESIGN §3).
+"""The Coordinator actor: runs a team's stages one after another (design §3).
 
 It starts the team (placement group, learners, rollout actors, sandbox pool) as a `TeamRuntime`
 over Ray, builds the recipe `algorithm.name` selects on it, and around each of the recipe's

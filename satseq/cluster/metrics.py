@@ -1,4 +1,4 @@
-"""Per-stage outputs: metrics.jsonl, certificates.jsonl (DESIGN §8), the experiment trackers
+"""Per-stage outputs: metrics.jsonl, certificates.jsonl (design §8), the experiment trackers
 (TensorBoard, MLflow, W&B: `trackers.py`), and the same numbers as Ray metrics, which reach the
 Ray dashboard and its Prometheus endpoint."""
 

@@ -1,5 +1,5 @@
 """Rollouts generated ahead of their stage, with bounded staleness (`rollout.max_staleness`,
-DESIGN §12 "Overlapped stages").
+design §12 "Overlapped stages").
 
 With K = 0 a stage generates its own rollouts, then its learners update: the synchronous stage.
 With K ≥ 1 the rollouts of stage s + K are generated while stage s's learners update, by one

@@ -45,7 +45,7 @@ from satseq.sandbox.pool import SandboxPool
 
 class TeamRuntime:
     """The team's learners (one per agent, in team order) and rollout workers, and the steps
-    recipes take on them (DESIGN §3 steps 2–6). Agents are indices into `agents`."""
+    recipes take on them (design §3 steps 2–6). Agents are indices into `agents`."""
 
     def __init__(
         self,

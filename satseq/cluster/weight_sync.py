@@ -1,8 +1,8 @@
 """Weight sync: after agent i's update its learner's weights reach every rollout engine of agent
-i (DESIGN §3 step 6, last line; §11), in buckets of `rollout.weight_sync_bucket_mb`, broadcast
+i (design §3 step 6, last line; §11), in buckets of `rollout.weight_sync_bucket_mb`, broadcast
 by the learner over a collective (`satseq.actors.weight_transfer`), or through the object store.
 A LoRA agent's adapter (a few MiB) always goes through the object store, as one bucket that the
-engines install as a new adapter version (DESIGN §12).
+engines install as a new adapter version (design §12).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from satseq.config.section import Section
 
 
 class KLControlConfig(Section):
-    """SAT-Seq's KL penalty and quantile trust region (DESIGN §4): an epoch whose KL quantile
+    """SAT-Seq's KL penalty and quantile trust region (design §4): an epoch whose KL quantile
     exceeds target_kl is undone and retried with a larger β and a smaller step."""
 
     kl_coef: float = Field(0.01, ge=0.0, description="initial β_i of the KL penalty")

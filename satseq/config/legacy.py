@@ -35,7 +35,7 @@ WHY = {
     "trainer.update_steps": "passes over the batch; trainer.mini_batch_size sets the optimiser "
     "steps of each pass",
     "algorithm.kl_ctrl.dkw_eta": "the confidence of the certified level "
-    "trust/certified_alpha/<agent>; the quantile check is the in-sample one (DESIGN §4)",
+    "trust/certified_alpha/<agent>; the quantile check is the in-sample one (design §4)",
 }
 _warned: set[str] = set()
 

@@ -16,7 +16,7 @@ CONFIG_DIR = PACKAGE_ROOT / "configs"
 QUICKSTART = CONFIG_DIR / "quickstart.yaml"
 SERVE_CONFIG = CONFIG_DIR / "serve.yaml"  # the Ray Serve config of `satseq serve`
 TRAIN_CONFIG = "train_config.yaml"  # the resolved config a run writes into its output dir
-# `--tools`: the DESIGN §5 tool loop, and the prompt that tells the model it may write code
+# `--tools`: the design §5 tool loop, and the prompt that tells the model it may write code
 TOOL_OVERRIDES = ("rollout.tools.enabled=true", "data.prompt.tool_prompt=true")
 
 

@@ -29,7 +29,7 @@ class EngineResources(Section):
 
 
 class ToolConfig(Section):
-    """Tool-augmented rollouts (DESIGN §5): the model writes Python between `<code>` tags, the
+    """Tool-augmented rollouts (design §5): the model writes Python between `<code>` tags, the
     sandbox runs it, and its output comes back in `<interpreter>` tags."""
 
     enabled: bool = Field(
@@ -53,7 +53,7 @@ class DynamicSamplingConfig(Section):
 
 
 class RolloutCorrectionConfig(Section):
-    """Rollout correction (DESIGN §12): each sampled token weighs π_prox/π_behaviour, the
+    """Rollout correction (design §12): each sampled token weighs π_prox/π_behaviour, the
     learner's stage-start log-prob against the engine's, which corrects staleness (K ≥ 1) and
     the engine–learner numerical mismatch (every K) alike."""
 
@@ -138,7 +138,7 @@ class RolloutConfig(Section):
 
 
 class SandboxConfig(Section):
-    """Where tool code runs (DESIGN §6): isolated local slots, or a SandboxFusion server."""
+    """Where tool code runs (design §6): isolated local slots, or a SandboxFusion server."""
 
     backend: Literal["local", "sandbox_fusion"] = Field(
         "local",

@@ -1,4 +1,4 @@
-"""The run configuration: one pydantic model per object it builds (DESIGN §2, STYLE).
+"""The run configuration: one pydantic model per object it builds (design §2, STYLE).
 
 Every section forbids unknown keys, so a typo fails with the key's path instead of being
 silently ignored. Seeds' keys (`algorithm.gamma`, `algorithm.lam`, `algorithm.kl_ctrl.*`,
@@ -336,7 +336,7 @@ class RunConfig(Section):
     def _behaviour_is_the_full_softmax(self) -> RunConfig:
         """SAT-Seq's IS weights and certificate, and SPO's ratio, take the learner's log-probs of
         the full softmax at the sampling temperature as the behaviour probabilities; nucleus
-        sampling draws from another distribution (DESIGN §4)."""
+        sampling draws from another distribution (design §4)."""
         if self.algorithm.name in ("sat_seq", "spo") and self.rollout.top_p < 1.0:
             raise ValueError(
                 f"rollout.top_p: {self.rollout.top_p} with algorithm.name: "

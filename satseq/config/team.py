@@ -10,7 +10,7 @@ from satseq.config.section import Offload, Section
 
 
 class LoraConfig(Section):
-    """A LoRA adapter trained on a frozen base (DESIGN §12): the agent's `path` is the base, and
+    """A LoRA adapter trained on a frozen base (design §12): the agent's `path` is the base, and
     agents on one base share its rollout engine (`trainer.lora` is the team's default)."""
 
     rank: int = Field(16, gt=0, description="r, the adapter's rank")

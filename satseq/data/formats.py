@@ -1,6 +1,6 @@
 """Row formats: which fields of a dataset row hold the problem, the answer and the rest.
 
-Four formats are recognised from a row's field names (DESIGN §8), tried in this order:
+Four formats are recognised from a row's field names (design §8), tried in this order:
 
 - verl's RL parquet rows, DAPO-Math-17k's among them: `prompt` (a chat list of `{role, content}`
   messages, whose last user message is the problem; or plain text as in

@@ -3,7 +3,7 @@
 The user message is `[tool instruction]\\n\\n<problem>\\n<answer instruction>`. The default
 answer instruction is the one the SPO recipe appends to every problem; `STEP_BY_STEP_INSTRUCTION`
 is the common Qwen-math wording. A tool run adds a ReTool-style instruction before the problem,
-telling the model how to call the sandbox (DESIGN §5).
+telling the model how to call the sandbox (design §5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Synthetic integer arithmetic problems: the embedded default task (DESIGN §9).
+"""Synthetic integer arithmetic problems: the embedded default task (design §9).
 
 A problem is a chain of 2+ non-negative integer operands joined by +, - and *, evaluated with the
 usual precedence, optionally with one parenthesised group. It is written in symbols
@@ -9,7 +9,7 @@ in one of two formats:
 
 - `steps`: each operation in evaluation order, then the boxed answer:
   `7+12=19, 19-3=16. \\boxed{16}`
-- `tool`: one sandbox call, its output as the rollout loop returns it (DESIGN §5), then the answer:
+- `tool`: one sandbox call, its output as the rollout loop returns it (design §5), then the answer:
   `<code>print(7+12-3)</code><interpreter>\\n16\\n</interpreter>\\n\\boxed{16}`
 
 Splits are deterministic by seed and never share an expression: which split an expression

@@ -1,4 +1,4 @@
-"""Evaluation: score a team's vote and each agent on a dataset (DESIGN §7, §8).
+"""Evaluation: score a team's vote and each agent on a dataset (design §7, §8).
 
 from satseq.evaluation import evaluate_team
 evaluation = evaluate_team(problems, agent_names, generate, tokenizers, prompt_format,

@@ -1,7 +1,7 @@
 """Which weights a team has: each agent's HF model directory (a LoRA agent's: its PEFT adapter
 directory, which names its base) in a checkpoint directory.
 
-Two layouts are accepted (DESIGN §8):
+Two layouts are accepted (design §8):
 
 - a training output directory, `agent_<name>/stage_<k>/`: each agent's latest saved stage, or
   stage `k` for every agent when one is asked for;

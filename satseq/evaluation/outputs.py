@@ -1,4 +1,4 @@
-"""What `satseq eval` writes (DESIGN §8) and the table it prints.
+"""What `satseq eval` writes (design §8) and the table it prints.
 
 `<output_dir>/predictions.jsonl`: one `ProblemResult.as_record()` per line;
 `summary.json`: `TeamEvaluation.summary()` plus what was evaluated, and with the tool loop

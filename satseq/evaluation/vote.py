@@ -1,4 +1,4 @@
-"""The team's answer: a majority vote over every extracted answer of every agent (DESIGN §7).
+"""The team's answer: a majority vote over every extracted answer of every agent (design §7).
 
 Answers are clustered by math-verify equivalence (`RewardScorer.answers_equivalent`), not by
 string equality. A tie in votes goes to the cluster whose samples have the highest total

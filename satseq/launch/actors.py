@@ -47,7 +47,7 @@ def start_rollout_actors(
 
     Actor j gets the Ray options `options(j)` and its seed (`satseq.seeds.rollout_actor_seed`);
     with a sandbox pool it runs the tool loop of `rollout.tools`. Each scores the samples of
-    requests that carry a reference answer with the config's reward (DESIGN §3: rewards are
+    requests that carry a reference answer with the config's reward (design §3: rewards are
     computed in the rollout workers). With `weight_transfer`, the engines can take a collective
     weight sync on that backend (`satseq.actors.weight_transfer`).
     """

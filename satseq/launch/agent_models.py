@@ -1,4 +1,4 @@
-"""Which directory each agent's learner and rollout engines load (DESIGN §12): a full model's
+"""Which directory each agent's learner and rollout engines load (design §12): a full model's
 HF directory, or a LoRA agent's adapter directory on its base.
 
 A LoRA agent on its configured base (`team.agents[i].lora`, or `trainer.lora`) starts from a

@@ -91,7 +91,7 @@ def engine_options(config: RunConfig) -> dict:
     }
     if rollout.engine == "vllm" and rollout.records_behaviour_logprobs:
         # the rollout correction reads each sampled token's log-prob under the sampling
-        # distribution (DESIGN §12)
+        # distribution (design §12)
         options["logprobs_mode"] = "processed_logprobs"
     if rollout.engine == "vllm" and rollout.resources.num_gpus > 0:
         options["gpu_memory_utilization"] = rollout.gpu_memory_utilization

@@ -1,4 +1,4 @@
-"""LoRA adapters (DESIGN §12): a LoRA agent is a PEFT adapter on a frozen base model.
+"""LoRA adapters (design §12): a LoRA agent is a PEFT adapter on a frozen base model.
 
 An adapter directory is PEFT's format (`adapter_config.json`, `adapter_model.safetensors`),
 which `peft.PeftModel.from_pretrained` and vLLM's `LoRARequest` load. satseq writes the base's

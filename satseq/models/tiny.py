@@ -1,4 +1,4 @@
-"""The embedded tiny model (DESIGN §9): a small Qwen2 causal LM that the project builds itself.
+"""The embedded tiny model (design §9): a small Qwen2 causal LM that the project builds itself.
 
 `build_tiny_model` trains the tokenizer on the synthetic task's text, initialises a
 `Qwen2ForCausalLM` from the seed, warm-starts it on the quickstart task's solutions, and saves

@@ -10,7 +10,7 @@ On top of the BPE vocabulary sit:
 
 - special tokens, as in Qwen2: `<|endoftext|>` (bos and pad), `<|im_start|>` and `<|im_end|>`
   (the chat role markers; `<|im_end|>` ends an assistant turn, so it is the eos token);
-- the tool tags of DESIGN §5 (`<code>`, `</code>`, `<interpreter>`, `</interpreter>`) as single
+- the tool tags of design §5 (`<code>`, `</code>`, `<interpreter>`, `</interpreter>`) as single
   added tokens. They are *not* special, so `skip_special_tokens` decoding keeps them in the text
   the agent loop parses, and "stop at `</code>`" can be a stop token id as well as a stop string.
 

@@ -6,7 +6,7 @@ deterministic algorithms are on.
 
 Tool solutions carry the sandbox's output (`<interpreter>\\n16\\n</interpreter>`). Those tokens
 stay in the text, so the model learns to read them, but are left out of the loss: at rollout
-time the agent loop writes them, not the model, and RL gives them response_mask = 0 (DESIGN §5).
+time the agent loop writes them, not the model, and RL gives them response_mask = 0 (design §5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SPO's offline values (DESIGN §4): split a dataset, estimate each subset with the base model,
+"""SPO's offline values (design §4): split a dataset, estimate each subset with the base model,
 merge the scores into `{prompt: [scores]}`, and load that file for the value tracker's prior."""
 
 from satseq.offline.estimate import EstimateReport, estimate_offline_values

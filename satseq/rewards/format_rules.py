@@ -5,7 +5,7 @@ from __future__ import annotations
 from satseq.tool_tags import CODE_OPEN, INTERPRETER_OPEN
 
 THINK_END = "</think>"
-# Tool calls and their outputs (DESIGN §5) belong to the reasoning, before the think block ends.
+# Tool calls and their outputs (design §5) belong to the reasoning, before the think block ends.
 _TOOL_TAGS = (CODE_OPEN, INTERPRETER_OPEN)
 
 

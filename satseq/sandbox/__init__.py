@@ -1,4 +1,4 @@
-"""Code execution for tool-augmented rollouts (DESIGN §5, §6).
+"""Code execution for tool-augmented rollouts (design §5, §6).
 
 One interface, `SandboxBackend.execute(ExecutionRequest) -> ExecutionResult`, two backends:
 - `local.LocalBackend`: isolated slots on this machine (bubblewrap, seccomp, Landlock, cgroups,

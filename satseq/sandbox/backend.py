@@ -1,4 +1,4 @@
-"""The one sandbox interface (DESIGN §6). `satseq.launch.settings.sandbox_backend` builds the
+"""The one sandbox interface (design §6). `satseq.launch.settings.sandbox_backend` builds the
 backend a config names; the sandbox itself knows nothing of the run configuration."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The SandboxFusion backend: our own client for a `/run_code` server (DESIGN §6).
+"""The SandboxFusion backend: our own client for a `/run_code` server (design §6).
 
 Not the PyPI `sandbox-fusion` client, which silently drops `memory_limit_MB`.
 

@@ -1,4 +1,4 @@
-"""The local backend: a pool of isolated slots on this machine (DESIGN §6).
+"""The local backend: a pool of isolated slots on this machine (design §6).
 
 Each slot is a supervisor process (supervisor.py) with its own uid, cgroup and working
 directory, which keeps a zygote (zygote.py) in the slot's sandbox that forks each run. The

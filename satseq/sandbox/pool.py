@@ -1,4 +1,4 @@
-"""The SandboxPool actor: the sandbox as a shared Ray service for rollout workers (DESIGN §6).
+"""The SandboxPool actor: the sandbox as a shared Ray service for rollout workers (design §6).
 
     pool = SandboxPoolActor.remote(partial(sandbox_backend, config.sandbox), workers=8)
     ray.get(pool.start.remote())  # fails here if the sandbox is below its minimum level

@@ -1,4 +1,4 @@
-"""What a sandbox is asked to run and what it reports back (DESIGN §6).
+"""What a sandbox is asked to run and what it reports back (design §6).
 
 Both backends, the `/run_code` server and the `SandboxPool` actor speak these two models. A
 request leaves its limits as `None` to take the backend's configured defaults.

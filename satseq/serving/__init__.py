@@ -1,4 +1,4 @@
-"""Serving the trained team with Ray Serve: per-agent deployments and a voting ingress (DESIGN §7).
+"""Serving the trained team with Ray Serve: per-agent deployments and a voting ingress (design §7).
 
     satseq serve --checkpoint-dir outputs/quickstart --port 8000
     curl -X POST localhost:8000/predict -H 'content-type: application/json' \\

@@ -1,13 +1,13 @@
-"""One agent of the served team: its engine behind a Ray Serve deployment (DESIGN §7); or the
+"""One agent of the served team: its engine behind a Ray Serve deployment (design §7); or the
 LoRA agents on one base behind one deployment, sharing one engine that holds every adapter
-(`satseq.actors.engines.lora`, DESIGN §12).
+(`satseq.actors.engines.lora`, design §12).
 
 `AgentModel` is the plain class (the benchmark calls it in-process); `AgentDeployment` serves
 it: the requests that arrive while its engine works go to the engine together, in as few calls
 as their sampling parameters allow (`satseq.serving.batching`), off the replica's event loop
 so that health checks answer during generation.
 
-With `tools` enabled each sample runs the tool loop of training (DESIGN §5, `ToolLoop`), with
+With `tools` enabled each sample runs the tool loop of training (design §5, `ToolLoop`), with
 the same limits: `rollout.tools` (turns, tool output length), the request's max_tokens for model
 and tool tokens together, and the `sandbox:` section. Each replica starts its own SandboxPool
 actor, which lives and dies with it, so a graph deployed by `serve run` or a RayService needs

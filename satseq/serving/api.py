@@ -1,4 +1,4 @@
-"""The HTTP surface of the team: request/response schemas and the FastAPI app (DESIGN §7).
+"""The HTTP surface of the team: request/response schemas and the FastAPI app (design §7).
 
 No `from __future__ import annotations` here: FastAPI reads the route signatures' annotations,
 and the request model is built per deployment from the configured bounds, so /docs and the

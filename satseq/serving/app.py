@@ -7,7 +7,7 @@ The same graph runs three ways:
 
 Deployments are named `agent_<name>` (one per agent with a model of its own), `lora_base_<k>`
 (one per base of LoRA agents, k counting the bases in agent order: one engine with every
-adapter, DESIGN §12) and `TeamIngress`; configs/serve.yaml sets their replicas and autoscaling
+adapter, design §12) and `TeamIngress`; configs/serve.yaml sets their replicas and autoscaling
 by those names.
 """
 

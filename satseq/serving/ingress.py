@@ -1,5 +1,5 @@
 """The team's ingress deployment: it checks a request, fans it out to every agent at once, and
-votes on what comes back (DESIGN §7).
+votes on what comes back (design §7).
 
 A request over a limit (problem characters, or prompt plus max_tokens over an agent's context)
 gets 413 here, before any engine sees it. An agent that fails or misses the per-request

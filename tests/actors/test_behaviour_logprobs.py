@@ -1,4 +1,4 @@
-"""Behaviour log-probs (overlapped stages, DESIGN §12): the log-prob an engine reports for each
+"""Behaviour log-probs (overlapped stages, design §12): the log-prob an engine reports for each
 token it sampled is the log-prob of that token under the distribution it sampled from, at the
 sampling temperature: what the learner computes teacher-forced on the same weights."""
 

@@ -135,7 +135,7 @@ def uneven_trajectories(tokenizer):
 
 @pytest.mark.parametrize(("ratio", "aggregation"), [("seq", "seq_mean"), ("token", "token_mean")])
 def test_a_penalised_step_is_the_same_for_any_micro_batch_split(raw_tiny_model, ratio, aggregation):
-    """DESIGN §4: the KL penalty is aggregated as the policy term, so the second epoch's step
+    """design §4: the KL penalty is aggregated as the policy term, so the second epoch's step
     (where θ ≠ π_cur and β acts) is the same with micro-batches of 4 and of 1 over sequences
     of 1 to 40 tokens. (A token mean inside each micro-batch, weighted by sequence count, made
     the seq-mean penalty depend on the split.)"""

@@ -1,4 +1,4 @@
-"""The LoRA learners of one base in one process (`LearnerHost`, DESIGN §12): each hosted
+"""The LoRA learners of one base in one process (`LearnerHost`, design §12): each hosted
 learner steps, saves and resumes exactly as it would alone (its own random stream), and on Ray
 each agent's `HostedLearner` is called as its own learner actor would be: calls, streamed
 weights, the actor fault handling watches, a swap in place."""

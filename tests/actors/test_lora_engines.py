@@ -1,4 +1,4 @@
-"""LoRA agents on a shared engine (DESIGN §12), for both engines: the LoRA agents on one base
+"""LoRA agents on a shared engine (design §12), for both engines: the LoRA agents on one base
 are one engine; a push after an update changes that agent's adapter only, to the learner's
 log-probs; an engine never serves an older version of an adapter after a push; a rollout worker
 samples every LoRA agent in one call and swaps an agent between adapters and full models."""

@@ -1,4 +1,4 @@
-"""A LoRA agent's learner (DESIGN §12): the base frozen, only the adapter trains; the
+"""A LoRA agent's learner (design §12): the base frozen, only the adapter trains; the
 backtracking snapshot, the offload and the resume state cover the adapter only, and restore it
 bit for bit; a checkpoint of another rank is refused naming both."""
 

@@ -1,4 +1,4 @@
-"""PPO mini-batches (DESIGN §4): each epoch deals the agent's stage batch into shuffled
+"""PPO mini-batches (design §4): each epoch deals the agent's stage batch into shuffled
 mini-batches, one optimiser step each; logp_cur stays fixed, so after the first step the ratio
 leaves 1 and the clip and the KL penalty act."""
 

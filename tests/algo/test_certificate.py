@@ -107,7 +107,7 @@ def test_the_bound_averages_each_prompts_samples_first():
 
 
 def test_the_bound_covers_the_truth_with_correlated_groups():
-    """G = 32 samples a prompt share its move (DESIGN §4): by prompt the bound holds in ≥ 95 %
+    """G = 32 samples a prompt share its move (design §4): by prompt the bound holds in ≥ 95 %
     of stages; taking the n·G samples as independent it does not (the old estimator)."""
     from bench.certificate_coverage import coverage
 
@@ -207,7 +207,7 @@ def _trust_region_update(theta, sequences, rewards, region, steps, lr):
 def test_bandit_certificate_coverage_on_enumerable_toy(staleness):
     """≥ 300 stages: the bound must hold in ≥ 1 − δ_conf of them and be positive in some.
 
-    staleness 1 (overlapped stages, DESIGN §12): every stage's samples come from the policy one
+    staleness 1 (overlapped stages, design §12): every stage's samples come from the policy one
     stage older, π_b, and the bound is the pair's it can certify, J(π_new) − J(π_b), with
     w = π_new/π_b on the held-out samples of π_b."""
     delta_conf, n_train, n_cert = 0.1, 64, 2048

@@ -73,7 +73,7 @@ def test_quantile_by_hand():
 
 
 def test_clopper_pearson_by_hand_and_against_scipy():
-    # k = 0: 1 − η^(1/n); the maximum over N = 128 units certifies 0.023 (DESIGN §4)
+    # k = 0: 1 − η^(1/n); the maximum over N = 128 units certifies 0.023 (design §4)
     assert clopper_pearson_upper(0, 128, 0.05) == pytest.approx(1 - 0.05 ** (1 / 128))
     assert clopper_pearson_upper(0, 128, 0.05) == pytest.approx(0.023132, abs=1e-6)
     # k = 1 of 2 at η = 0.05: P(X ≤ 1) = 1 − p² = 0.05 → p = sqrt(0.95)

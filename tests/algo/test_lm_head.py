@@ -86,7 +86,7 @@ def _llm_scale_problem():
 
 
 def test_float32_logits_under_bf16_autocast_match_a_float64_reference():
-    """DESIGN §4: bf16 logits carry ~0.06 nats of rounding at logit scales of 20–30; the
+    """design §4: bf16 logits carry ~0.06 nats of rounding at logit scales of 20–30; the
     float32 output layer keeps the log-probs within 1e-4 of float64 under bf16 autocast."""
     hidden, weight, tokens = _llm_scale_problem()
     reference, _ = chunked_logprobs_and_kl(hidden.double(), tokens, OutputLayer(weight.double()))

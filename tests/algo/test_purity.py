@@ -1,4 +1,4 @@
-"""satseq/algo stays pure: it imports torch, numpy and the standard library only (DESIGN §2), and
+"""satseq/algo stays pure: it imports torch, numpy and the standard library only (design §2), and
 of torch it uses the math: no device memory management (pinned buffers), no sharded tensors and
 no process groups, which belong to the learner (`satseq.actors`)."""
 

@@ -1,4 +1,4 @@
-"""Rollout correction (DESIGN §12): w = π_prox/π_behaviour per token or per sequence, truncated
+"""Rollout correction (design §12): w = π_prox/π_behaviour per token or per sequence, truncated
 at C or masked beyond it, with the mismatch it measures."""
 
 import math
@@ -58,7 +58,7 @@ def test_bad_settings_are_refused():
 
 
 def test_rounding_alone_no_longer_shrinks_the_mean_weight():
-    """Per-token mismatch σ 0.01 over 1,000 tokens and no policy change (DESIGN §12): the
+    """Per-token mismatch σ 0.01 over 1,000 tokens and no policy change (design §12): the
     sequence weight min(1, w) has mean ≈ 0.90 (E min(1, e^X), X ~ N(0, 0.1)); the truncated
     weight's mean stays at E e^X = e^0.05 ≈ 1.05 (less what the cap C = 2 cuts), not below 1."""
     generator = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""A LoRA team on the in-process runtime (DESIGN §12): a team that mixes LoRA and full agents
+"""A LoRA team on the in-process runtime (design §12): a team that mixes LoRA and full agents
 trains, its LoRA agents on one engine that holds each learner's adapter after its push; a LoRA
 agent is swapped for a full model and back to an adapter with the Stage-0 projection; and every
 bad LoRA input is a config error naming the key and the value."""

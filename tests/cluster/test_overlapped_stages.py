@@ -1,4 +1,4 @@
-"""Overlapped stages (`rollout.max_staleness: 1`, DESIGN §12) of each recipe on the in-process
+"""Overlapped stages (`rollout.max_staleness: 1`, design §12) of each recipe on the in-process
 runtime: stage s + 1 is generated while stage s updates, trained on with the rollout
 correction, and certified against the team that sampled it; K = 0 is the synchronous stage."""
 

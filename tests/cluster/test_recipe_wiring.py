@@ -92,7 +92,7 @@ def assert_engines_hold_the_learners_weights(runtime: RecordingRuntime):
 
 
 def expected_is_weights(batch, logp_cur, logp_new, updated, max_log_ratio):
-    """c by the definition (DESIGN §4), one trajectory and one token at a time."""
+    """c by the definition (design §4), one trajectory and one token at a time."""
     c = []
     for r in range(len(batch.trajectories)):
         log_ratio = sum(

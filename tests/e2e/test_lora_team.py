@@ -1,4 +1,4 @@
-"""A LoRA team end to end (DESIGN §12): `satseq train configs/smollm2_lora.yaml`, shrunk to one
+"""A LoRA team end to end (design §12): `satseq train configs/smollm2_lora.yaml`, shrunk to one
 small stage, trains three SmolLM2-135M adapters on one vLLM engine; each agent's saved stage is
 an adapter directory that peft and vLLM load; `satseq eval` scores the team and `satseq serve`
 answers `/predict` with one engine for the three agents.

@@ -1,4 +1,4 @@
-"""`satseq eval` with tools (DESIGN §5): a team trained with tools is scored through the tool
+"""`satseq eval` with tools (design §5): a team trained with tools is scored through the tool
 loop, its code run by a sandbox pool of the evaluation's own, and summary.json says how much.
 
 The team is builtin:tiny-tool, the tiny model warm-started on sandbox traces

@@ -1,4 +1,4 @@
-"""A team served with tools (DESIGN §5, §7): each agent answers through training's tool loop,
+"""A team served with tools (design §5, §7): each agent answers through training's tool loop,
 its code run by its replica's sandbox pool, and `return_trajectories: true` shows the turns.
 
 The team is one agent, t0, a copy of builtin:tiny-tool (the tiny model warm-started on

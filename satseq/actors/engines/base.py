@@ -61,7 +61,7 @@ class Engine(Protocol):
 
         result[i] has len(sequences[i]) − start[i] entries. This is the learner's
         teacher-forced view of the same tokens, for parity checks and benchmarks; the training
-        loop takes its behaviour log-probs from the learner (DESIGN §4), never from here.
+        loop takes its behaviour log-probs from the learner (design §4), never from here.
         """
         ...
 

@@ -1,4 +1,4 @@
-"""A team's engines, one per base for its LoRA agents (DESIGN §12).
+"""A team's engines, one per base for its LoRA agents (design §12).
 
 `team_engines` gives each agent an `Engine`: a full model its own, and the LoRA agents on one
 base (adapter directories, `satseq.models.adapters`) one engine between them, started with

@@ -1,4 +1,4 @@
-"""vLLM's multi-LoRA for the LoRA agents on one base (DESIGN §12): one `vllm.LLM` on the base,
+"""vLLM's multi-LoRA for the LoRA agents on one base (design §12): one `vllm.LLM` on the base,
 one `LoRARequest` per agent, so the agents share one copy of the base and one KV cache.
 
 A push installs the agent's adapter as a new version under a new `lora_int_id`, after the old

@@ -1,4 +1,4 @@
-"""One agent's learner (DESIGN §3 step 6, §11). Its files say what a learner holds and does:
+"""One agent's learner (design §3 step 6, §11). Its files say what a learner holds and does:
 
 - `specs.py`: what it is built from (loss, trust region, optimiser, the rest of its settings);
 - `results.py`: what its calls return (plain data, importable without Ray);

@@ -1,4 +1,4 @@
-"""Several agents' learners in one process (DESIGN §12): the LoRA agents of one base, which
+"""Several agents' learners in one process (design §12): the LoRA agents of one base, which
 update one at a time, so that a team of n adapters pays for one interpreter, one torch and one
 mapped base instead of n. `LearnerHost` is the plain class its actor runs; `HostedLearner` is an
 agent's handle, called as that agent's own learner actor would be.

@@ -8,7 +8,7 @@ host memory between updates (`satseq.actors.residency`). Sharded (W > 1), the mo
 with FSDP2 and the ranks split each batch's micro-batches between them
 (`satseq.actors.sharding`).
 
-A LoRA agent (`model_path` a PEFT adapter directory, DESIGN §12) holds its base frozen in the
+A LoRA agent (`model_path` a PEFT adapter directory, design §12) holds its base frozen in the
 compute dtype, with no gradients, optimiser state, snapshot or offload, and trains the float32
 adapter only: every one of those covers `trainable_parameters()`. `model` is then the base
 model with the adapter's layers in it (peft adapts the modules in place), so every forward

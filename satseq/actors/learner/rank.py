@@ -1,4 +1,4 @@
-"""One of a sharded agent's W learner ranks (DESIGN §11)."""
+"""One of a sharded agent's W learner ranks (design §11)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The backtracking snapshot: weights and optimiser state kept off the accelerator, so that a
-trust-region attempt that overshoots can be undone (DESIGN §4, §11)."""
+trust-region attempt that overshoots can be undone (design §4, §11)."""
 
 from __future__ import annotations
 

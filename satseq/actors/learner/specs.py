@@ -23,7 +23,7 @@ class LossSpec:
 
 @dataclass(frozen=True)
 class TrustRegionSpec:
-    """The quantile-KL trust region and its β_i (DESIGN §4). enabled=False: plain PPO steps,
+    """The quantile-KL trust region and its β_i (design §4). enabled=False: plain PPO steps,
     no KL penalty, no backtracking (SPO, GRPO); q is still measured and logged unless
     measure=False, which saves the forward pass after each step (and leaves no logp_hat).
     kl_estimator: the KL of the penalty and of q, exact over the vocabulary or k3 on the sampled

@@ -1,4 +1,4 @@
-"""A learner's resume state in and out (the checkpoint's learner file, DESIGN §8): float32
+"""A learner's resume state in and out (the checkpoint's learner file, design §8): float32
 master weights, optimiser, β_i, the value head and torch's RNG, written atomically; sharded,
 each rank's shards in a `torch.distributed.checkpoint` directory. A LoRA agent's weights are its
 adapter's, with the adapter's rank: a checkpoint of another rank is refused, naming both."""

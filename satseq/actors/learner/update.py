@@ -1,4 +1,4 @@
-"""One agent's update (DESIGN §3 step 6, §4), top to bottom: `run_update` makes `ppo_epochs`
+"""One agent's update (design §3 step 6, §4), top to bottom: `run_update` makes `ppo_epochs`
 passes over the agent's stage batch; each `trust_region_epoch` takes the epoch's optimiser steps,
 one per shuffled mini-batch of `mini_batch_size` trajectories, then checks the KL quantile over
 the whole batch (or the held-out rows), and on a violation restores the epoch's start, grows β
@@ -216,7 +216,7 @@ def trust_region_epoch(
     """One epoch: an optimiser step per mini-batch (`steps`: each one's micro-batches), then
     the KL check over the whole batch. With the trust region: attempts until q ≤ target_kl,
     each failure restoring the weights and optimiser state of the epoch's start and growing β
-    (DESIGN §4); without: one attempt, always kept (q is still measured unless `measure` is
+    (design §4); without: one attempt, always kept (q is still measured unless `measure` is
     off)."""
     policy, spec = ctx.policy, ctx.policy.spec
     enabled = spec.trust_region.enabled
@@ -256,7 +256,7 @@ def optimizer_step(
     step_scale: float,
     first: bool,
 ) -> StepStats:
-    """One AdamW step on the loss of DESIGN §4 over a mini-batch's micro-batches, with KL
+    """One AdamW step on the loss of design §4 over a mini-batch's micro-batches, with KL
     penalty β and the learning rate scaled by step_scale. first: the update's first step,
     taken at π_cur, where KL(π_θ ‖ π_cur) and its gradient are exactly 0 (a backtrack restores
     that point), so it pays no penalty; its forward pass records π_cur's reference and, with
@@ -311,7 +311,7 @@ def optimizer_step(
 
 
 def surrogate(ctx: UpdateContext, mb: MicroBatch, logp: torch.Tensor) -> PolicyLoss:
-    """The policy term of DESIGN §4 on micro-batch `mb` (log π_θ [n, T_mb]), against its rows'
+    """The policy term of design §4 on micro-batch `mb` (log π_θ [n, T_mb]), against its rows'
     logp_cur, advantages A and weights c (per trajectory, or per token)."""
     loss, device = ctx.policy.spec.loss, ctx.policy.device
     T_mb = mb.mask.shape[1]

@@ -1,7 +1,7 @@
 """A learner's weights on their way out: to the rollout engines (in buckets through the object
 store, or broadcast over a weight-transfer group) and to HF directories. A LoRA agent's weights
 are its adapter's, named as in PEFT's files (what its engines load and `satseq eval` reads), and
-its saved directory is an adapter directory (DESIGN §12)."""
+its saved directory is an adapter directory (design §12)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage recipes, one per `algorithm.name`: each reads like its algorithm in DESIGN §4."""
+"""Stage recipes, one per `algorithm.name`: each reads like its algorithm in design §4."""
 
 from __future__ import annotations
 

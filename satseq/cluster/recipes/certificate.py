@@ -1,4 +1,4 @@
-"""SAT-Seq's per-stage certificate (DESIGN §4), as named steps of the recipe, all on the stage's
+"""SAT-Seq's per-stage certificate (design §4), as named steps of the recipe, all on the stage's
 held-out prompts (never the rows the updates were fitted to):
 
 - the bandit-form lower bound on J(π_new) − J(π_start) for the whole team, the prompt the unit
@@ -54,7 +54,7 @@ def checked_prompts(config: RunConfig, batch_size: int) -> int:
 
 def certification_warning(config: RunConfig) -> str | None:
     """Where no outcome of a stage's KL check can certify the configured α = 1 − quantile at
-    confidence 1 − η, even with no prompt above target_kl (DESIGN §4): what `satseq train` warns
+    confidence 1 − η, even with no prompt above target_kl (design §4): what `satseq train` warns
     at start, with the batch that would."""
     if config.algorithm.name != "sat_seq":
         return None

@@ -1,4 +1,4 @@
-"""GRPO's stage (DESIGN §4): G samples per prompt, group-normalised advantages, PPO-clip.
+"""GRPO's stage (design §4): G samples per prompt, group-normalised advantages, PPO-clip.
 
 With several agents, each agent is its own GRPO learner: it answers every prompt of the batch
 G times, its groups are its own, and the agents update in parallel on their own samples.
@@ -62,7 +62,7 @@ class GrpoRecipe(Recipe):
         clock = lap(timings, "time/rollout", clock)
 
         # 2. the proximal log-probs logp_cur at the sampling temperature (stage-start weights),
-        # and each token's rollout correction w_t = π_cur/π_behaviour (DESIGN §12: the engine's
+        # and each token's rollout correction w_t = π_cur/π_behaviour (design §12: the engine's
         # numerics, and an older team at K ≥ 1); with the correction off and K = 0, each
         # learner's first forward pass gives logp_cur (None here)
         logp_cur = rt.logprobs(batch) if needs_proximal_logprobs(cfg, rollouts) else None

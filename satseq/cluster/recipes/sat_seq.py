@@ -1,4 +1,4 @@
-"""SAT-Seq's stage (DESIGN §3, §4): read `run_stage` top to bottom to see one stage's data flow."""
+"""SAT-Seq's stage (design §3, §4): read `run_stage` top to bottom to see one stage's data flow."""
 
 from __future__ import annotations
 
@@ -94,14 +94,14 @@ class SatSeqRecipe(Recipe):
         )
 
     def run_stage(self, k: int) -> StageResult:
-        """DESIGN §3 steps 1–7 for stage k."""
+        """design §3 steps 1–7 for stage k."""
         rt, cfg = self.runtime, self.config
         agents = rt.agents
         timings: dict[str, float] = {}
         clock = time.perf_counter()
 
         # 1–2. B prompts, G trajectories each, agents assigned by the team topology: generated
-        # now, or while an earlier stage's learners updated (rollout.max_staleness, DESIGN §12);
+        # now, or while an earlier stage's learners updated (rollout.max_staleness, design §12);
         # the last holdout_fraction of the prompts certify the stage
         rt.set_progress("rollout")
         G = cfg.sat_seq.group_size
@@ -116,7 +116,7 @@ class SatSeqRecipe(Recipe):
 
         # 4. behaviour log-probs logp_cur: teacher-forced, stage-start weights, sampling
         # temperature; each trajectory weighs the rollout correction w = π_cur/π_behaviour
-        # over its response (DESIGN §12: the engine's numerics, and an older team at K ≥ 1)
+        # over its response (design §12: the engine's numerics, and an older team at K ≥ 1)
         rt.set_progress("logprobs")
         logp_cur = rt.logprobs(batch)
         correction = corrected(cfg, batch, logp_cur, "sequence")
@@ -196,7 +196,7 @@ class SatSeqRecipe(Recipe):
     # --- the steps -------------------------------------------------------------------------------
 
     def _certified_alpha(self, stats, rows: list[int]) -> float:
-        """The level agent i's update certifies (DESIGN §4): the Clopper–Pearson bound at
+        """The level agent i's update certifies (design §4): the Clopper–Pearson bound at
         1 − η on the share of prompts (rows // G) with a sequence KL > target_kl, over the
         rows its check measured."""
         kl_ctrl = self.config.algorithm.kl_ctrl
@@ -244,7 +244,7 @@ class SatSeqRecipe(Recipe):
     def _gae_advantages(
         self, i: int, batch: StageBatch, rows: list[int], c: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """`gae` mode (DESIGN §4): GAE(γ, λ) over agent i's tokens with its value head, the
+        """`gae` mode (design §4): GAE(γ, λ) over agent i's tokens with its value head, the
         token-mean per trajectory, group-normalised under c (its own trajectories only) and
         clipped. Returns A [n_train] (0 off its rows), the returns [len(rows), T_i] for the
         value head, and the value metrics."""

@@ -1,4 +1,4 @@
-"""SPO's stage (DESIGN §4): one response per prompt, a persistent Beta tracker as the baseline.
+"""SPO's stage (design §4): one response per prompt, a persistent Beta tracker as the baseline.
 
 Every agent is its own SPO learner with one tracker entry per (agent, raw problem text), its
 prior from the offline scores. Each stage an agent draws its own B prompts by priority, answers
@@ -107,7 +107,7 @@ class SpoRecipe(Recipe):
         clock = lap(timings, "time/rollout", clock)
 
         # 3. A = r − p̂, normalised over each agent's batch; each token weighs the rollout
-        # correction w_t = π_cur/π_behaviour under the stage-start log-probs (DESIGN §12); with
+        # correction w_t = π_cur/π_behaviour under the stage-start log-probs (design §12); with
         # the correction off and K = 0, each learner's first forward pass gives logp_cur (None)
         A = torch.cat([spo_advantages(r[rows], p_hat[rows]) for rows in agent_rows])
         logp_cur = rt.logprobs(batch) if needs_proximal_logprobs(self.config, rollouts) else None

@@ -1,7 +1,7 @@
 """A stage's rollouts as the recipes plan, generate and correct them: each recipe plans its
 prompts and owners (`RolloutPlan`), a `RolloutQueue` generates them now or up to
 `rollout.max_staleness` stages ahead, and every rollout is weighed by the rollout correction
-π_prox/π_behaviour (DESIGN §12), stale or not."""
+π_prox/π_behaviour (design §12), stale or not."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def _groups(rollouts: list[Trajectory], G: int) -> list[list[Trajectory]]:
 def corrected(
     config: RunConfig, batch: StageBatch, logp_cur: torch.Tensor | None, level: CorrectionLevel
 ) -> RolloutCorrection | None:
-    """The rollout correction of every trajectory (`rollout.correction`, DESIGN §12): the
+    """The rollout correction of every trajectory (`rollout.correction`, design §12): the
     learner's proximal log-probs logp_cur [N, T] against the engines' behaviour ones, over the
     tokens each agent wrote under its own policy, at `level` unless the config sets one; None
     when it is off (every weight 1; logp_cur may then be None)."""
