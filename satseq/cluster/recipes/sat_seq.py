@@ -164,8 +164,16 @@ class SatSeqRecipe(Recipe):
             )
             updated.append(i)
             rt.weight_sync.push(i)
-            per_agent[name] = update_metrics(stats) | value_metrics
-            per_agent[name]["trust/certified_alpha"] = self._certified_alpha(stats, rows + checked)
+            per_agent[name] = (
+                update_metrics(stats)
+                | value_metrics
+                | {
+                    "trust/certified_alpha": self._certified_alpha(stats, rows + checked),
+                    # on the agent's own rows: a mixed group's baseline need not centre them
+                    "advantage/own_mean": float(A[rows].mean()) if rows else 0.0,
+                    "is_weight/own_mean": float(c[rows].mean()) if rows else 1.0,
+                }
+            )
         clock = lap(timings, "time/update", clock)
 
         # 7. certificate on the held-out prompts (the team's bound against the policy that
