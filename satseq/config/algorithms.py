@@ -100,6 +100,12 @@ class SatSeqConfig(Section):
     advantage: Literal["grpo", "gae"] = Field(
         "grpo", description="grpo: group-normalised rewards; gae: a per-agent value head + GAE"
     )
+    baseline: Literal["team", "agent"] = Field(
+        "team",
+        description="grpo advantages' group: team (every sample of the prompt, whichever agent "
+        "wrote it, IS-weighted: the official code's mixture) or agent (the agent's own samples "
+        "of the prompt, so its advantages are centred on them)",
+    )
     value_lr: float = Field(5e-3, gt=0.0, description="gae: the value head's AdamW lr")
     value_steps: int = Field(8, ge=1, description="gae: value-head steps per agent per stage")
     max_log_ratio: float = Field(5.0, gt=0.0, description="clamp of the IS log-ratio")

@@ -244,3 +244,32 @@ def test_the_update_metrics_carry_the_peak_device_memory_where_there_is_one():
     stats = UpdateResult(torch.zeros(1, 1, device="cpu"), [], 0.0, 0.0, 1, 1.0)
     assert "memory/peak_gib" not in update_metrics(stats)
     assert update_metrics(replace(stats, peak_memory_gib=2.5))["memory/peak_gib"] == 2.5
+
+
+def test_an_agent_baseline_centres_each_agents_advantages_on_its_own_samples(quickstart_model):
+    """`sat_seq.baseline: agent`: in every prompt's group, an agent's advantages over its own
+    samples average 0 (weighted by c); the team's baseline (the default) mixes the agents'
+    samples, so an agent's own need not average 0 (here: two right answers beside another
+    agent's wrong one get A = 0.58 each under the team's, 0 under their own)."""
+    advantages = {}
+    for baseline in ("team", "agent"):
+        runtime, _, _ = one_stage(
+            quickstart_model,
+            "sat_seq",
+            2,
+            "sat_seq.scheduler=static",
+            f"sat_seq.baseline={baseline}",
+        )
+        for _, (i, batch, rows, _, A, c, _), _ in runtime.called("update"):
+            advantages[baseline, i] = {r: float(A[r]) for r in rows}
+            if baseline == "agent":
+                for group in range(batch.n_train // 4):  # G = 4
+                    own = [r for r in rows if r // 4 == group]
+                    weights = c[own] / c[own].sum()
+                    assert abs(float((weights * A[own]).sum())) < 1e-5
+    moved = [
+        abs(advantages["team", i][r] - advantages["agent", i][r])
+        for i in (0, 1)
+        for r in advantages["team", i]
+    ]
+    assert max(moved) > 0.1

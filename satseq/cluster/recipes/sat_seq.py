@@ -79,6 +79,7 @@ class SatSeqRecipe(Recipe):
             if chain
         ]
         self.measure_held_out = config.algorithm.kl_ctrl.measure_on == "held_out"
+        self.own_baseline = config.sat_seq.baseline == "agent"  # each agent's samples its group
         self.last_gains: dict[str, float] | None = None
         self.baseline_reward = (R_MIN + R_MAX) / 2  # b of the bandit bound, fixed before sampling
 
@@ -149,8 +150,9 @@ class SatSeqRecipe(Recipe):
             if cfg.sat_seq.advantage == "gae" and rows:
                 A, returns, value_metrics = self._gae_advantages(i, batch, rows, c)
             else:
+                weights = c[train] * (batch.owns[i, train] if self.own_baseline else 1.0)
                 A = group_advantages(
-                    R[train].view(-1, G), weights=c[train].view(-1, G), A_clip=cfg.sat_seq.A_clip
+                    R[train].view(-1, G), weights=weights.view(-1, G), A_clip=cfg.sat_seq.A_clip
                 ).advantages.flatten()
                 returns, value_metrics = None, {}
             checked = batch.rows_of(i, holdout) if self.measure_held_out else []
