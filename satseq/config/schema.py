@@ -131,6 +131,12 @@ class EvalConfig(Section):
         64, ge=1, description="problems of a 'synthetic:<split>' dataset (after the trained ones)"
     )
     seed: int = Field(0, description="the sampling seed (each rollout actor's derives from it)")
+    merge_lora: bool = Field(
+        False,
+        description="score each LoRA agent as its adapter merged into its base (made once in "
+        "the model cache): a full model an agent, the same weights to rounding, several times "
+        "faster than the adapter path of vLLM on the CPU",
+    )
 
 
 class ServeConfig(Section):

@@ -17,7 +17,8 @@ from satseq.evaluation.team import TeamEvaluation, evaluate_team
 from satseq.launch.actors import rollout_fleet
 from satseq.launch.connection import connect
 from satseq.launch.settings import eval_sampling_spec, prompt_format, reward_scorer
-from satseq.models import load_tokenizer
+from satseq.models import is_adapter_dir, load_tokenizer
+from satseq.models.adapters import merged_adapter
 
 
 def run_evaluation(
@@ -50,13 +51,13 @@ def run_evaluation(
     k = samples_per_agent or config.eval.samples_per_agent
     spec = eval_sampling_spec(config)
     connect(address)
-    agent_paths = {name: str(path) for name, path in team.agent_paths.items()}
+    agent_paths = scored_model_dirs(team.agent_paths, config.eval.merge_lora)
     with rollout_fleet(config, agent_paths, config.eval.seed, "satseq-eval") as fleet:
         evaluation = evaluate_team(
             problems,
             team.agent_names,
             fleet.generate,
-            [load_tokenizer(path) for path in team.agent_paths.values()],
+            [load_tokenizer(path) for path in agent_paths.values()],
             prompt_format(config),
             reward_scorer(config),
             k,
@@ -72,6 +73,7 @@ def run_evaluation(
         "checkpoint_dir": str(checkpoint_dir),
         "agents": {
             name: {"path": str(path), "stage": team.stages[name]}
+            | ({"merged": agent_paths[name]} if agent_paths[name] != str(path) else {})
             for name, path in team.agent_paths.items()
         },
         "samples_per_agent": k,
@@ -86,6 +88,15 @@ def run_evaluation(
         "config": yaml_config(config),
     }
     return evaluation, write_outputs(output_dir, evaluation, inference_config, extras)
+
+
+def scored_model_dirs(agent_paths: dict[str, Path], merge_lora: bool) -> dict[str, str]:
+    """The directory each agent is scored from: its own, or with `merge_lora` a LoRA agent's
+    adapter merged into its base (`eval.merge_lora`, cached)."""
+    return {
+        name: str(merged_adapter(path) if merge_lora and is_adapter_dir(path) else path)
+        for name, path in agent_paths.items()
+    }
 
 
 def yaml_config(config: RunConfig) -> dict[str, Any]:

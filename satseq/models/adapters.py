@@ -165,3 +165,15 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path, dtype: str = "fl
     merged.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return Path(out_dir)
+
+
+def merged_adapter(adapter_dir: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """`merge_adapter` of `adapter_dir` (float32), made once in the model cache and keyed by the
+    adapter's files, so a retrained adapter in the same place is merged anew."""
+    adapter_dir = Path(adapter_dir)
+    digest = hashlib.sha256()
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        digest.update((adapter_dir / name).read_bytes())
+    key = digest.hexdigest()[:16]
+    directory = Path(cache_dir or default_cache_dir()) / "merged" / f"{adapter_dir.name}-{key}"
+    return cached_build(directory, lambda out_dir: merge_adapter(adapter_dir, out_dir))

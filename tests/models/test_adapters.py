@@ -100,3 +100,38 @@ def test_merge_lora_refuses_a_model_directory(raw_tiny_model, tmp_path):
         text=True,
     )
     assert result.returncode == 2 and "not a LoRA adapter directory" in result.stderr
+
+
+def test_a_merged_adapter_is_made_once_and_anew_for_other_weights(
+    raw_tiny_model, adapter, tmp_path
+):
+    """`eval.merge_lora`: a LoRA agent is scored as its adapter merged into its base, made once
+    in the cache, keyed by the adapter's files; a full model is scored as it is."""
+    from satseq.evaluation.runner import scored_model_dirs
+    from satseq.models.adapters import merged_adapter
+
+    trained = tmp_path / "agent_a0" / "stage_3"
+    adapted = PeftModel.from_pretrained(load_policy(raw_tiny_model, "float32")[0], str(adapter))
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)))
+    adapted.save_pretrained(trained)
+    cache = tmp_path / "cache"
+    merged = merged_adapter(trained, cache)
+    assert torch.allclose(
+        logits(AutoModelForCausalLM.from_pretrained(merged)), logits(adapted), atol=1e-4
+    )
+    built = (merged / "config.json").stat().st_mtime_ns
+    assert merged_adapter(trained, cache) == merged  # cached: not merged again
+    assert (merged / "config.json").stat().st_mtime_ns == built
+    adapted.save_pretrained(trained)  # the same weights again: the same key
+    assert merged_adapter(trained, cache) == merged
+    with torch.no_grad():
+        next(p for n, p in adapted.named_parameters() if "lora_B" in n).add_(1.0)
+    adapted.save_pretrained(trained)  # retrained in place: merged anew
+    assert merged_adapter(trained, cache) != merged
+    team = {"a0": trained, "a1": Path(raw_tiny_model)}
+    assert scored_model_dirs(team, False) == {"a0": str(trained), "a1": raw_tiny_model}
+    scored = scored_model_dirs(team, True)
+    assert not is_adapter_dir(scored["a0"]) and scored["a1"] == raw_tiny_model
