@@ -27,7 +27,7 @@ from satseq.cluster.recipes.stage_rollouts import (
     correction_weights,
     dynamically_sampled,
     needs_proximal_logprobs,
-    overlap_metrics,
+    rollout_metrics,
 )
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
@@ -99,7 +99,7 @@ class GrpoRecipe(Recipe):
             "groups/degenerate_fraction": groups.degenerate_groups / max(len(groups.advantages), 1),
             "advantage/near_zero_fraction": near_zero_fraction(A),
             **rollouts.metrics,
-            **overlap_metrics(self.queue, rollouts, correction, timings),
+            **rollout_metrics(self.queue, rollouts, correction, timings),
             **timings,
         }
         return StageResult(metrics)

@@ -39,7 +39,7 @@ from satseq.cluster.recipes.stage_rollouts import (
     corrected,
     correction_weights,
     dynamically_sampled,
-    overlap_metrics,
+    rollout_metrics,
 )
 from satseq.cluster.rollout_queue import StageRollouts
 from satseq.cluster.stage_batch import StageBatch
@@ -196,7 +196,7 @@ class SatSeqRecipe(Recipe):
             "groups/degenerate_fraction": uniform.degenerate_groups / max(len(train) // G, 1),
             "certificate/bandit_lower_bound": bandit["lower_bound"] if bandit else float("nan"),
             **rollouts.metrics,
-            **overlap_metrics(self.queue, rollouts, correction, timings),
+            **rollout_metrics(self.queue, rollouts, correction, timings),
             **timings,
         }
         self.baseline_reward = float(R.mean())

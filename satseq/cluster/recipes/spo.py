@@ -26,7 +26,7 @@ from satseq.cluster.recipes.stage_rollouts import (
     corrected,
     correction_weights,
     needs_proximal_logprobs,
-    overlap_metrics,
+    rollout_metrics,
 )
 from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
@@ -148,7 +148,7 @@ class SpoRecipe(Recipe):
             "spo/p_hat_std": float(p_hat.std(unbiased=False)),
             "spo/rho_mean": float(np.mean(rho)),
             "spo/prompts_without_prior": self.prompts_without_prior,
-            **overlap_metrics(self.queue, rollouts, correction, timings),
+            **rollout_metrics(self.queue, rollouts, correction, timings),
             **timings,
         }
         return StageResult(metrics)

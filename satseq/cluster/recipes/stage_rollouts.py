@@ -147,7 +147,7 @@ def correction_weights(correction: RolloutCorrection | None, N: int) -> torch.Te
     return torch.ones(N) if correction is None else correction.weights
 
 
-def overlap_metrics(
+def rollout_metrics(
     queue: RolloutQueue,
     rollouts: StageRollouts,
     correction: RolloutCorrection | None,
