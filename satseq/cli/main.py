@@ -8,6 +8,7 @@ from satseq.cli.evaluate import evaluate
 from satseq.cli.inspect import config_app, report
 from satseq.cli.model import model_app
 from satseq.cli.offline import offline_values_app
+from satseq.cli.plan import plan_memory
 from satseq.cli.sandbox import sandbox_app
 from satseq.cli.serve import serve_team
 from satseq.cli.train import train
@@ -22,6 +23,7 @@ app.command("train")(train)
 app.command("eval")(evaluate)
 app.command("serve")(serve_team)
 app.command("report")(report)
+app.command("plan")(plan_memory)
 app.add_typer(config_app, name="config")
 app.add_typer(model_app, name="model")
 app.add_typer(sandbox_app, name="sandbox")

@@ -40,6 +40,7 @@ CPU_OVERRIDES = [
         "rollout.max_new_tokens": 32,
         "rollout.resources": "{num_cpus: 0.5, num_gpus: 0}",
         "trainer.resources": "{num_cpus: 0.5, num_gpus: 0}",
+        "trainer.workers_per_agent": 1,  # the config shards each 4B agent over 2 GPUs
         "trainer.dtype": "float32",
         "trainer.gradient_checkpointing": "false",
         "trainer.lr": 3.0e-4,

@@ -1,0 +1,239 @@
+"""How much device memory a run needs, per learner rank and rollout actor and per phase, from the
+models' configs alone: nothing is downloaded and nothing allocated (`satseq plan CONFIG`).
+
+A learner's update, per rank of an agent's W (FSDP2 shards the state over W):
+
+    state          16·P/W   float32 master weights, gradients and AdamW's two moments
+    weight casts    2·P     bf16 compute: autocast's copy of every weight, kept for the backward
+    activations             what the forward keeps for the backward at a micro-batch's tokens,
+                            counted by running the model on fake tensors (`FakeTensorMode`:
+                            shapes only); with gradient checkpointing, each layer's input and one
+                            layer's saved tensors
+    logits          4·m·V·4 a chunk of m = logit_chunk_tokens states: its float32 logits,
+                            log-softmax, softmax and gradient (chunked, design §11)
+    reference       (V·H + R·H)·4  the exact KL's π_cur: its output layer and its hidden states
+                            at the R response states of the agent's batch
+    step           4·P/W    foreach AdamW's temporaries, once the activations are freed
+
+    peak = state + max(casts + activations + logits + reference, step)
+
+A LoRA agent's base sits in the compute dtype (2·P, no casts) and its state is the adapter's;
+its activations are the full model's (measured on an H100: within 2 %). The backtracking
+snapshot (12·P) and an offloaded agent's state live in host memory. A vLLM engine on a GPU takes
+`rollout.gpu_memory_utilization` of it and must hold the bf16 weights. The constants were
+checked against the peaks measured on an H100 (bench/results/gpu_sheet_h100.json,
+tests/test_memory_plan.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from satseq.config import RunConfig
+
+GIB = 1024**3
+USABLE = 0.9
+"""The share of a device a phase may plan to fill: the CUDA context and the caching allocator's
+fragmentation take the rest (the 4B exact update, predicted at 73.6 GiB, ran out of memory on an
+80 GB H100)."""
+LOGIT_BUFFERS = 4  # a chunk's logits, log-softmax, softmax and gradient, float32
+KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
+    # the seeds' agents, so that a plan needs no download: Qwen/Qwen3-4B's config.json, shapes
+    "Qwen/Qwen3-4B": dict(
+        model_type="qwen3",
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One device's memory in one phase: what it holds (GiB each) against what it has."""
+
+    who: str  # "learner a0 (rank 1 of 2)", "rollout actor 0"
+    phase: str  # update, rollout
+    parts: dict[str, float] = field(default_factory=dict)
+    budget_gib: float = math.inf
+
+    @property
+    def peak_gib(self) -> float:
+        return sum(self.parts.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_gib <= USABLE * self.budget_gib
+
+
+def model_config(path: str):
+    """The transformers config of the model at `path` (a local or builtin model, a Hub model in
+    the local cache, or one of KNOWN_CONFIGS), read without downloading anything."""
+    from transformers import AutoConfig
+
+    from satseq.models import ModelLoadError, resolve_model_path
+    from satseq.models.adapters import adapter_base
+
+    if path in KNOWN_CONFIGS:
+        known = dict(KNOWN_CONFIGS[path])
+        return AutoConfig.for_model(known.pop("model_type"), **known)
+    try:
+        directory = resolve_model_path(path)
+    except ModelLoadError as error:
+        raise ValueError(
+            f"{path}: its config is needed and could not be read ({error}); give a local "
+            "directory or a Hub model in the local cache"
+        ) from None
+    from satseq.models import is_adapter_dir
+
+    return AutoConfig.from_pretrained(
+        adapter_base(directory) if is_adapter_dir(directory) else directory
+    )
+
+
+def saved_bytes(config, tokens: int, compute_dtype: str) -> tuple[int, int]:
+    """(parameters, bytes the forward of `config`'s model keeps for the backward at `tokens`
+    tokens, its weights aside), counted on fake tensors (shapes only: nothing allocated); each
+    storage once, however many views of it are kept."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, compute_dtype)
+    storages: dict[int, int] = {}
+
+    def keep(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage._cdata] = storage.nbytes()
+        return tensor
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        weights = {p.untyped_storage()._cdata for p in model.parameters()}
+        ids = torch.zeros(1, tokens, dtype=torch.long)
+        autocast = torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32)
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), autocast:
+            model.model(input_ids=ids)
+        parameters = sum(p.numel() for p in model.parameters())
+    return parameters, sum(n for key, n in storages.items() if key not in weights)
+
+
+@functools.lru_cache(maxsize=32)
+def _activation_profile(config_json: str, compute_dtype: str) -> tuple[int, float]:
+    from transformers import AutoConfig
+
+    data = json.loads(config_json)
+    config = AutoConfig.for_model(data.pop("model_type"), **data)
+    parameters, small = saved_bytes(config, 128, compute_dtype)
+    _, large = saved_bytes(config, 256, compute_dtype)
+    return parameters, (large - small) / 128  # the weights' casts do not grow with the tokens
+
+
+def activation_profile(config, compute_dtype: str) -> tuple[int, float]:
+    """(parameter count, activation bytes saved per token) of `config`'s model, from two fake
+    forwards (128 and 256 tokens; cached per config)."""
+    return _activation_profile(config.to_json_string(use_diff=False), compute_dtype)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The shapes a learner's update runs at: trajectories a micro-batch, tokens of a prompt
+    and of a response, and the agent's trajectories a stage (its exact-KL reference)."""
+
+    micro_batch: int
+    prompt_tokens: int
+    response_tokens: int
+    trajectories: int
+
+
+def learner_update(
+    config,
+    compute_dtype: str,
+    workload: Workload,
+    *,
+    workers: int = 1,
+    exact_kl: bool,
+    checkpointing: bool,
+    chunk_tokens: int,
+    lora_parameters: int | None = None,
+) -> dict[str, float]:
+    """The update's peak on one learner rank, by part (GiB): see the module's docstring."""
+    P, per_token = activation_profile(config, compute_dtype)
+    H, V, layers = config.hidden_size, config.vocab_size, config.num_hidden_layers
+    tokens = workload.micro_batch * (workload.prompt_tokens + workload.response_tokens)
+    if checkpointing:  # each layer's float32 input, and one layer's saved tensors
+        per_token = layers * H * 4 + per_token / layers
+    low_precision = compute_dtype != "float32"
+    trained = P if lora_parameters is None else lora_parameters
+    parts = {
+        "state": 16 * trained / workers,
+        "weights (compute dtype)" if lora_parameters is not None else "weight casts": (
+            2 * P if (low_precision or lora_parameters is not None) else 0
+        ),
+        "activations": tokens * per_token,
+        "logits": LOGIT_BUFFERS * chunk_tokens * V * 4,
+    }
+    if exact_kl:
+        parts["exact-KL reference"] = (V + workload.trajectories * workload.response_tokens) * H * 4
+    step = 4 * trained / workers
+    forward = sum(value for key, value in parts.items() if key != "state")
+    if step > forward:  # the optimiser step's temporaries outgrow the forward's
+        parts = {"state": parts["state"], "optimiser step": step}
+    return {key: value / GIB for key, value in parts.items()}
+
+
+def lora_parameter_count(config, rank: int) -> int:
+    """The adapter's parameters: rank·(in + out) for every linear layer of every block."""
+    H, intermediate = config.hidden_size, config.intermediate_size
+    head_dim = getattr(config, "head_dim", None) or H // config.num_attention_heads
+    kv = config.num_key_value_heads * head_dim
+    q = config.num_attention_heads * head_dim
+    per_layer = (H + q) + 2 * (H + kv) + (q + H) + 2 * (H + intermediate) + (intermediate + H)
+    return rank * per_layer * config.num_hidden_layers
+
+
+def plan(run: RunConfig, gpu_gib: float, prompt_tokens: int) -> list[Phase]:
+    """Every learner rank's update and every rollout actor's generation, against the GPU share
+    its placement bundle has (`trainer.resources`, `rollout.resources`; host memory where it has
+    no GPU: no budget)."""
+    trainer, rollout = run.trainer, run.rollout
+    compute = trainer.dtype if trainer.dtype != "auto" else "bfloat16"
+    G = run.grpo.group_size if run.algorithm.name == "grpo" else run.sat_seq.group_size
+    n = len(run.team.agents)
+    per_agent = run.trainer.batch_size * (G if run.algorithm.name != "sat_seq" else max(G // n, 1))
+    workload = Workload(trainer.micro_batch_size, prompt_tokens, rollout.max_new_tokens, per_agent)
+    learner_budget = trainer.resources.num_gpus * gpu_gib or math.inf
+    phases, engines = [], {}
+    for i, agent in enumerate(run.team.agents):
+        config = model_config(agent.path)
+        lora = run.agent_lora(i)
+        workers = agent.workers or trainer.workers_per_agent
+        parts = learner_update(
+            config, compute, workload, workers=workers,
+            exact_kl=run.algorithm.name == "sat_seq" and run.algorithm.kl_ctrl.estimator == "exact",
+            checkpointing=trainer.gradient_checkpointing, chunk_tokens=trainer.logit_chunk_tokens,
+            lora_parameters=None if lora is None else lora_parameter_count(config, lora.rank),
+        )  # fmt: skip
+        who = f"learner {agent.name}" + (f" (each of {workers} ranks)" if workers > 1 else "")
+        phases.append(Phase(who, "update", parts, learner_budget))
+        engines.setdefault(agent.path if lora is not None else agent.name, config)
+    if rollout.engine == "vllm" and rollout.resources.num_gpus > 0:  # each engine its share
+        engine_gib = rollout.gpu_memory_utilization * gpu_gib
+        held = {f"engine {key}": engine_gib for key in engines}
+        for j in range(rollout.num_actors):
+            share = rollout.resources.num_gpus * gpu_gib
+            phases.append(Phase(f"rollout actor {j}", "rollout", held, share))
+        for key, config in engines.items():
+            weights = {"bf16 weights": 2 * activation_profile(config, compute)[0] / GIB}
+            phases.append(Phase(f"engine {key}", "rollout (in its share)", weights, engine_gib))
+    return phases
