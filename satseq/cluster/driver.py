@@ -57,6 +57,10 @@ def train(
     out = output_dir_for(config, output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / TRAIN_CONFIG).write_text(dump_config(config))
+    if any(agent.trust_remote_code for agent in config.team.agents):
+        from satseq.launch.agent_models import trust_team  # torch: only where it is needed
+
+        trust_team(config, out)  # before Ray starts: its workers read the list
     connect(address)
     coordinator = CoordinatorActor.options(
         name="satseq-coordinator",

@@ -45,6 +45,11 @@ class AgentConfig(Section):
     revision: str | None = Field(
         None, description="a Hub model's branch, tag or commit; None: its default branch"
     )
+    trust_remote_code: bool = Field(
+        False,
+        description="let the model run the Python code it ships (an architecture transformers "
+        "does not have: `auto_map` in its config.json), in every process that loads it",
+    )
     role_prompt: str | None = Field(
         None, description="chain topology: this agent's role instruction"
     )

@@ -15,6 +15,7 @@ from satseq.evaluation.datasets import resolve_dataset
 from satseq.evaluation.outputs import write_outputs
 from satseq.evaluation.team import TeamEvaluation, evaluate_team
 from satseq.launch.actors import rollout_fleet
+from satseq.launch.agent_models import trust_team
 from satseq.launch.connection import connect
 from satseq.launch.settings import eval_sampling_spec, prompt_format, reward_scorer
 from satseq.models import is_adapter_dir, load_tokenizer
@@ -50,6 +51,7 @@ def run_evaluation(
         require_same_problems(before, [problem.problem_id for problem in problems], str(against))
     k = samples_per_agent or config.eval.samples_per_agent
     spec = eval_sampling_spec(config)
+    trust_team(config, checkpoint_dir)  # before Ray: its workers read the list
     connect(address)
     agent_paths = scored_model_dirs(team.agent_paths, config.eval.merge_lora)
     with rollout_fleet(config, agent_paths, config.eval.seed, "satseq-eval") as fleet:

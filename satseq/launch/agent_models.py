@@ -10,7 +10,10 @@ naming the config key and its value.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from satseq.config import RunConfig
+from satseq.model_trust import trust
 from satseq.models import is_adapter_dir, load_tokenizer, resolve_model_path
 from satseq.models.adapters import LoraSpec, adapter_base, initial_adapter
 from satseq.seeds import agent_seed
@@ -56,3 +59,16 @@ def agent_model_dirs(config: RunConfig) -> list[str]:
                     "team must be on bases that share a tokenizer"
                 )
     return dirs
+
+
+def trust_team(config: RunConfig, run_dir: str | Path | None = None) -> None:
+    """Trust the code of every agent with `trust_remote_code` (`satseq.model_trust`): its model
+    and, in a run's output (`run_dir`), every stage saved as `agent_<name>/`. Called by a command
+    before Ray starts, so that every worker reads the same list."""
+    directories = []
+    for agent in config.team.agents:
+        if agent.trust_remote_code:
+            directories.append(resolve_model_path(agent.path, agent.revision))
+            if run_dir is not None:
+                directories.append(Path(run_dir) / f"agent_{agent.name}")
+    trust(directories)

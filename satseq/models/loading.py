@@ -28,6 +28,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from satseq.model_trust import trusts
 from satseq.models.cache import (
     BUILTIN_MODELS,
     BUILTIN_PREFIX,
@@ -60,7 +61,7 @@ def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer of a local dir, builtin or Hub name (as saved: no padding changes)."""
     path = resolve_model_path(path_or_name)
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trusts(path))
     except (OSError, ValueError) as error:
         raise ModelLoadError(
             f"could not load the tokenizer of {str(path_or_name)!r} from {path}: {error}"
@@ -82,7 +83,9 @@ def load_policy(
     tokenizer = load_tokenizer(path_or_name)
     path = resolve_model_path(path_or_name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=TORCH_DTYPES.get(dtype, "auto"))
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=TORCH_DTYPES.get(dtype, "auto"), trust_remote_code=trusts(path)
+        )
     except (OSError, ValueError) as error:
         raise ModelLoadError(
             f"could not load model {str(path_or_name)!r} from {path}: {error}"

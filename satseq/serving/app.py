@@ -28,6 +28,7 @@ from satseq.config import RunConfig, run_config_for
 from satseq.config.load import SERVE_CONFIG, format_validation_error
 from satseq.config.schema import ServeConfig
 from satseq.evaluation.checkpoints import resolve_team
+from satseq.launch.agent_models import trust_team
 from satseq.launch.connection import connect
 from satseq.launch.settings import prompt_format, reward_scorer
 from satseq.models import is_adapter_dir
@@ -188,6 +189,7 @@ def start_server(
     app = team_app(config, settings, deployment_options(application))
     for name, value in PROXY_ENV.items():  # before `connect` starts Ray: its processes inherit
         os.environ.setdefault(name, value)
+    trust_team(config, checkpoint_dir)
     connect(address)
     port = port or settings.port
     serve.start(http_options={"host": settings.host, "port": port})

@@ -27,6 +27,7 @@ from satseq.actors.trajectory import SamplingSpec
 from satseq.config.schema import ServeConfig
 from satseq.data import PromptFormat, prompt_ids
 from satseq.evaluation.vote import TeamVote, team_vote
+from satseq.model_trust import trusts
 from satseq.models import load_tokenizer
 from satseq.models.adapters import model_config_dir
 from satseq.rewards import RewardScorer
@@ -57,7 +58,9 @@ class TeamIngress:
         self.agents = {name: handle.options(_by_reference=False) for name, handle in agents.items()}
         self.tokenizers = {name: load_tokenizer(p) for name, p in agent_paths.items()}
         self.context_tokens = {  # a LoRA agent's: its base's
-            name: AutoConfig.from_pretrained(model_config_dir(p)).max_position_embeddings
+            name: AutoConfig.from_pretrained(
+                model_config_dir(p), trust_remote_code=trusts(model_config_dir(p))
+            ).max_position_embeddings
             for name, p in agent_paths.items()
         }
         self.prompt_format = prompt_format

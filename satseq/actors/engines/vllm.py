@@ -38,6 +38,7 @@ from satseq.actors.engines.base import (
 from satseq.actors.engines.vllm_lora import VLLMAdapters, lora_options
 from satseq.actors.trajectory import Generation, SamplingSpec
 from satseq.actors.weight_transfer import TransferBackend
+from satseq.model_trust import trusts
 from satseq.models import resolve_model_path
 from satseq.seeds import call_seed
 
@@ -106,7 +107,13 @@ class VLLMEngine:
             set_cpu_threads(num_threads)
         real_set_num_threads = torch.set_num_threads
         try:
-            self.llm = vllm.LLM(model=str(model_dir), dtype=dtype, seed=seed, **options)
+            self.llm = vllm.LLM(
+                model=str(model_dir),
+                dtype=dtype,
+                seed=seed,
+                trust_remote_code=trusts(model_dir),
+                **options,
+            )
         finally:
             # vLLM's CPU worker swaps torch.set_num_threads for a no-op, meant for worker
             # processes whose threads it pinned to cores. This engine runs unpinned in the
@@ -311,7 +318,9 @@ class VLLMEngine:
 def _cpu_defaults(model_dir: Path) -> dict[str, Any]:
     """CPU_DEFAULTS, and a maximum sequence length of CPU_MAX_MODEL_LEN tokens or the model's
     own limit, whichever is lower."""
-    text_config = AutoConfig.from_pretrained(model_dir).get_text_config()
+    text_config = AutoConfig.from_pretrained(
+        model_dir, trust_remote_code=trusts(model_dir)
+    ).get_text_config()
     model_limit = getattr(text_config, "max_position_embeddings", None) or CPU_MAX_MODEL_LEN
     return {**CPU_DEFAULTS, "max_model_len": min(CPU_MAX_MODEL_LEN, model_limit)}
 
