@@ -37,7 +37,6 @@ WHY = {
     "algorithm.kl_ctrl.dkw_eta": "the confidence of the certified level "
     "trust/certified_alpha/<agent>; the quantile check is the in-sample one (design §4)",
 }
-_warned: set[str] = set()
 
 
 def today_key(key_path: str) -> str:
@@ -46,7 +45,7 @@ def today_key(key_path: str) -> str:
     for old, new in (ALIASES | DEPRECATED).items():
         if key_path == old or key_path.startswith(old + "."):
             if old in DEPRECATED:
-                _warn_once(old, f"{old} is deprecated: it is {new} ({WHY[old]})")
+                _warn_once(f"{old} is deprecated: it is {new} ({WHY[old]})")
             return new + key_path[len(old) :]
     return key_path
 
@@ -62,7 +61,7 @@ def spell_as_today(data: dict[str, Any]) -> dict[str, Any]:
         if old == "algorithm.kl_ctrl.dkw_eta" and value is None:  # null: the in-sample quantile
             value = _get(data, new, default=None)
         if old in DEPRECATED:
-            _warn_once(old, f"{old} is deprecated: it is {new} ({WHY[old]})")
+            _warn_once(f"{old} is deprecated: it is {new} ({WHY[old]})")
         present, current = _has(data, new)
         if present and current != value and value is not None:
             why = "the seeds' or verl's name" if old in ALIASES else "its old name"
@@ -89,7 +88,6 @@ def _tensorboard_is_a_tracker(data: dict[str, Any]) -> dict[str, Any]:
         )
     trackers = ["tensorboard"] if tensorboard else []
     _warn_once(
-        "output.tensorboard",
         f"output.tensorboard is deprecated: it is output.trackers: [{', '.join(trackers)}] "
         "(which also takes mlflow and wandb)",
     )
@@ -97,10 +95,9 @@ def _tensorboard_is_a_tracker(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _warn_once(old: str, message: str) -> None:
-    if old not in _warned:
-        _warned.add(old)
-        warnings.warn(message, FutureWarning, stacklevel=3)
+def _warn_once(message: str) -> None:
+    # Python's default filter shows a FutureWarning once per message and caller: no registry here
+    warnings.warn(message, FutureWarning, stacklevel=3)
 
 
 def _parent(data: dict[str, Any], key_path: str, create: bool) -> tuple[Any, str]:

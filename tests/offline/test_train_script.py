@@ -71,13 +71,12 @@ def test_spo_variables_map_to_config_keys(tmp_path):
     assert "N_TRAIN=4 is not used: SPO samples one response per prompt" in result.stderr
     config = resolved_config(command[:-1])
     assert config["algorithm"]["name"] == "spo"
-    assert config["output"] == {
-        "dir": str(tmp_path / "runs"),
-        "exp_name": "0123",
-        "trackers": ["tensorboard"],
-        "mlflow_tracking_uri": None,
-        "tracker_project": "satseq",
-    }
+    output = config["output"]
+    assert (output["dir"], output["exp_name"], output["trackers"]) == (
+        str(tmp_path / "runs"),
+        "0123",
+        ["tensorboard"],
+    )
     assert config["data"]["train"] == "splits/train set.parquet"
     assert config["team"]["agents"][0]["path"] == "/models/it's here"
     assert config["spo"]["offline_values"] == "splits/offline_values.json"
@@ -125,16 +124,8 @@ def test_grpo_is_the_seeds_default_and_n_train_is_its_group_size():
 def test_debug_is_a_tiny_cpu_run_that_the_variables_still_override():
     result = run_script({"METHOD": "spo", "DEBUG": "1", "DRY_RUN": "1", "RESPONSE_LENGTH": "40"})
     config = resolved_config(printed_command(result))
-    assert config["team"]["agents"] == [
-        {
-            "name": "policy",
-            "path": "builtin:tiny",
-            "role_prompt": None,
-            "offload": None,
-            "workers": None,
-            "lora": None,
-        }
-    ]
+    [agent] = config["team"]["agents"]
+    assert (agent["name"], agent["path"], agent["lora"]) == ("policy", "builtin:tiny", None)
     assert config["data"]["train"] == "synthetic"
     assert (config["rollout"]["engine"], config["rollout"]["max_new_tokens"]) == ("hf", 40)
     assert (config["trainer"]["stages"], config["trainer"]["batch_size"]) == (2, 4)

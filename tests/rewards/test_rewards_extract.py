@@ -141,4 +141,5 @@ def test_extraction_stays_fast_on_adversarial_responses(response):
     # Extraction runs outside the verifier's deadline, so it must be linear in the length.
     start = time.perf_counter()
     extract_answer(response, DEFAULT_FALLBACKS)
-    assert time.perf_counter() - start < 1.0  # quadratic scans took tens of seconds here
+    # quadratic scans took tens of seconds here; linear ones take ~0.1 s, ~1 s on a loaded CI
+    assert time.perf_counter() - start < 5.0
