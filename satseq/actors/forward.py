@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from satseq.actors.prompt_packing import pack_shared_prompts
+from satseq.actors.prompt_packing import PackedBatch, pack_shared_prompts
 from satseq.actors.trajectory import PaddedBatch
 from satseq.algo.lm_head import DEFAULT_CHUNK_TOKENS, OutputLayer, chunked_logprobs_and_kl
 
@@ -51,14 +51,21 @@ class PolicyTrunk(torch.nn.Module):
         return hidden, layer.weight, layer.bias
 
 
+LAYOUT_FROM_BATCH = "from the batch"
+"""`response_hidden_states`' default: work the packing out from the batch itself (reading the
+batch back where it is on an accelerator)."""
+
+
 def response_hidden_states(
-    trunk: PolicyTrunk, batch: PaddedBatch
+    trunk: PolicyTrunk, batch: PaddedBatch, packed: PackedBatch | str | None = LAYOUT_FROM_BATCH
 ) -> tuple[torch.Tensor, OutputLayer]:
     """The last hidden state of each state s_t, before response token t is chosen, [N, T, H]
     (what the output layer and a value head V(s_t) read), and the output layer. Rows that
     share a prompt run packed, the prompt once (`satseq.actors.prompt_packing`), where that
-    saves compute."""
-    packed = pack_shared_prompts(batch, trunk.model.config)
+    saves compute; `packed`: that layout, worked out beforehand from the batch on the host
+    (None: no packing), so that the device's batch is never read back."""
+    if packed == LAYOUT_FROM_BATCH:
+        packed = pack_shared_prompts(batch, trunk.model.config)
     if packed is not None:
         hidden, weight, bias = trunk(packed.input_ids, packed.attention_mask, packed.position_ids)
         states = hidden[packed.state_rows, packed.state_positions]
@@ -81,10 +88,23 @@ def response_positions(batch: PaddedBatch) -> torch.Tensor:
     return offsets.unsqueeze(0) < batch.response_lengths.unsqueeze(1)
 
 
-def scatter_response(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """Per-token values [M] at the True entries of `where` [N, T] → [N, T], 0 elsewhere."""
+def response_token_index(batch: PaddedBatch) -> torch.Tensor:
+    """The flat positions [M] of `response_positions(batch)` in [N, T], in the order a bool
+    mask takes them: worked out on the host, they index a device's tensors without the device
+    being read back (as indexing by a bool mask is, to count it)."""
+    return response_positions(batch).flatten().nonzero().squeeze(-1)
+
+
+def scatter_response(
+    values: torch.Tensor, where: torch.Tensor, index: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-token values [M] at the True entries of `where` [N, T] → [N, T], 0 elsewhere;
+    `index`: those entries' flat positions (`response_token_index`), where known."""
     out = torch.zeros(where.shape, dtype=values.dtype, device=values.device)
-    out[where] = values
+    if index is None:
+        out[where] = values
+    else:
+        out.view(-1)[index] = values
     return out
 
 

@@ -44,6 +44,9 @@ class PackedBatch:
     state_rows: torch.Tensor
     state_positions: torch.Tensor
 
+    def to(self, device: str | torch.device) -> PackedBatch:
+        return PackedBatch(*(tensor.to(device) for tensor in vars(self).values()))
+
 
 def packable(config) -> bool:
     """Whether `config`'s model takes a packed batch: SDPA attention over full causal layers."""

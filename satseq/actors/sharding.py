@@ -126,9 +126,10 @@ def full_state(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, full(tensor.detach())
 
 
-def clip_grad_norm_(parameters: list[torch.nn.Parameter], max_norm: float) -> float:
-    """`torch.nn.utils.clip_grad_norm_` over all ranks' shards: the norm of the whole gradient."""
+def clip_grad_norm_(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` over all ranks' shards: the norm of the whole gradient
+    (a 0-dim tensor on the gradients' device, not read back)."""
     grads = [p.grad for p in parameters if p.grad is not None]
     norm = full(torch.nn.utils.get_total_norm(grads))
     torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
-    return float(norm)
+    return norm

@@ -26,9 +26,8 @@ r = e^20 ≈ 4.9e8, far past any clip, finite in float32 with room for A and the
 @dataclass(frozen=True)
 class PolicyLoss:
     loss: torch.Tensor  # scalar to minimise
-    clip_fraction: float  # share of terms where the clipped branch was active
-    ratio_mean: float  # mean of r over the terms (sequences or tokens)
-    ratio_max: float  # largest r over the terms (0 without any)
+    clip_fraction: torch.Tensor  # share of terms where the clipped branch was active (0-dim)
+    ratio_max: torch.Tensor  # largest r over the terms, 0 without any (0-dim)
 
 
 def log_ratio(
@@ -128,12 +127,11 @@ def policy_loss(
         u, A_b, eps_low, eps_high if eps_high is not None else eps_low, dual_clip
     )
     loss = aggregate(c_b * pg_loss, mask, aggregation)
-    with torch.no_grad():
-        clip_fraction = float(masked_mean(clipped.to(mask.dtype), term_mask))
-        ratio_mean = float(masked_mean(torch.exp(u), term_mask))
-        ratios = torch.exp(u)[term_mask > 0]
-        ratio_max = float(ratios.max()) if ratios.numel() else 0.0
-    return PolicyLoss(loss, clip_fraction, ratio_mean, ratio_max)
+    with torch.no_grad():  # left on u's device: the caller reads them back when it needs to
+        clip_fraction = masked_mean(clipped.to(mask.dtype), term_mask)
+        ratios = torch.where(term_mask > 0, torch.exp(u), 0.0)
+        ratio_max = ratios.amax() if ratios.numel() else ratios.new_zeros(())
+    return PolicyLoss(loss, clip_fraction, ratio_max)
 
 
 def kl_penalty(

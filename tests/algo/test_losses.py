@@ -27,7 +27,8 @@ def test_sequence_ratio_ppo_by_hand():
     A = torch.tensor([1.0, -1.0])
     out = policy_loss(logp_theta, logp_cur, A, mask, ratio="seq", eps_low=0.2)
     assert out.loss.item() == pytest.approx((-1.2 + 0.8) / 2, abs=1e-6)
-    assert out.clip_fraction == pytest.approx(1.0)
+    assert float(out.clip_fraction) == pytest.approx(1.0)
+    assert float(out.ratio_max) == pytest.approx(1.5)  # row 0's r, before its clip
     # IS weights c = (1, 0.5) weight each trajectory's term
     weighted = policy_loss(logp_theta, logp_cur, A, mask, c=torch.tensor([1.0, 0.5]), ratio="seq")
     assert weighted.loss.item() == pytest.approx((-1.2 + 0.4) / 2, abs=1e-6)
@@ -151,7 +152,7 @@ def test_long_sequence_ratio_stays_finite():
         assert out.loss.item() == pytest.approx(expected, rel=1e-5)
         assert torch.isfinite(logp_theta.grad).all()
         assert (logp_theta.grad == 0).all()  # every term is past its clip or its cap
-        assert out.clip_fraction == pytest.approx(1 / 3 if dual_clip is None else 1.0)
+        assert float(out.clip_fraction) == pytest.approx(1 / 3 if dual_clip is None else 1.0)
 
 
 def test_dual_clip_caps_negative_advantage_loss():

@@ -5,11 +5,14 @@ with stand-ins that keep the collectives in step), the shuffled mini-batches of 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
+from satseq.actors.forward import response_token_index
 from satseq.actors.learner.policy import AgentPolicy
+from satseq.actors.prompt_packing import PackedBatch, pack_shared_prompts
 from satseq.actors.trajectory import PaddedBatch, Trajectory
 from satseq.algo.lm_head import OutputLayer
 from satseq.algo.masks import owner_mask
@@ -19,13 +22,49 @@ from satseq.algo.masks import owner_mask
 class MicroBatch:
     """One micro-batch: its rows of the batch, tensors on the learner's device, agent i's token
     mask [n, T_mb] and its share of its step's loss normaliser. A sharded rank's stand-in
-    (real=False) has weight 0 and its results are dropped."""
+    (real=False) has weight 0 and its results are dropped.
+
+    What the step needs to know of the batch on the host is worked out from the host's copy,
+    so that the device's is never read back: each row's response length, whether it holds
+    agent i's tokens, the flat positions of the response tokens in [n, T_mb] (indexing by a
+    bool mask on an accelerator waits for the device to count it) and the prompt packing."""
 
     rows: list[int]
     batch: PaddedBatch
     mask: torch.Tensor
     weight: float
+    lengths: list[int]
+    owns: list[bool]
+    token_index: torch.Tensor
+    packed: PackedBatch | None
     real: bool = True
+
+    @staticmethod
+    def on_host(
+        rows: list[int], batch: PaddedBatch, mask: torch.Tensor, weight: float, config
+    ) -> MicroBatch:
+        """`batch` (on the host) with its host-side layout; `config`: the model's (packing)."""
+        return MicroBatch(
+            rows,
+            batch,
+            mask,
+            weight,
+            lengths=batch.response_lengths.tolist(),
+            owns=(mask.sum(-1) > 0).tolist(),
+            token_index=response_token_index(batch),
+            packed=pack_shared_prompts(batch, config),
+        )
+
+    def to(self, device: torch.device, weight: float, real: bool) -> MicroBatch:
+        return dataclasses.replace(
+            self,
+            batch=self.batch.to(device),
+            mask=self.mask.to(device),
+            token_index=self.token_index.to(device),
+            packed=None if self.packed is None else self.packed.to(device),
+            weight=weight,
+            real=real,
+        )
 
 
 @dataclass
@@ -41,8 +80,7 @@ class StageReference:
         """π_cur at micro-batch `mb`'s response states (hidden [M, H], row-major)."""
         if self.layer is None:
             self.layer = layer.detached_copy(dtype)
-        lengths = mb.batch.response_lengths.tolist()
-        for row, states in zip(mb.rows, hidden.detach().split(lengths), strict=True):
+        for row, states in zip(mb.rows, hidden.detach().split(mb.lengths), strict=True):
             self.hidden.setdefault(row, states.to(dtype))
 
     def states(self, mb: MicroBatch) -> torch.Tensor:
@@ -58,19 +96,18 @@ def agent_micro_batches(
     loss's normaliser (tokens or sequences) over all of them; and the agent's token count."""
     spec = policy.spec
     micro_batches = []
-    for mb_rows, batch in policy.micro_batches(trajectories, rows):
+    for mb_rows, batch in policy.micro_batches(trajectories, rows):  # on the host
         mask = owner_mask(batch.owner_ids, [spec.agent_index], batch.response_mask)
         count = mask.sum() if spec.loss.aggregation == "token_mean" else (mask.sum(-1) > 0).sum()
         if count > 0:
-            micro_batches.append(MicroBatch(mb_rows, batch, mask, float(count)))
+            config = policy.trunk.model.config
+            micro_batches.append(MicroBatch.on_host(mb_rows, batch, mask, float(count), config))
     total = sum(mb.weight for mb in micro_batches)
     tokens = int(sum(float(mb.mask.sum()) for mb in micro_batches))
-    mine = []
-    for mb, real in policy.group.mine(micro_batches):
-        weight = mb.weight / total if real else 0.0
-        mine.append(
-            MicroBatch(mb.rows, mb.batch.to(policy.device), mb.mask.to(policy.device), weight, real)
-        )
+    mine = [
+        mb.to(policy.device, mb.weight / total if real else 0.0, real)
+        for mb, real in policy.group.mine(micro_batches)
+    ]
     return mine, tokens
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from satseq.actors.forward import response_hidden_states, response_positions, scatter_response
+from satseq.actors.host_reads import read_back
 from satseq.actors.learner.micro_batches import (
     MicroBatch,
     StageReference,
@@ -260,65 +261,73 @@ def optimizer_step(
     penalty β and the learning rate scaled by step_scale. first: the update's first step,
     taken at π_cur, where KL(π_θ ‖ π_cur) and its gradient are exactly 0 (a backtrack restores
     that point), so it pays no penalty; its forward pass records π_cur's reference and, with
-    record_behaviour, the behaviour log-probs logp_cur before the loss reads them."""
+    record_behaviour, the behaviour log-probs logp_cur before the loss reads them. The step's
+    statistics stay on the device until one read at its end (`read_back`)."""
     policy, spec = ctx.policy, ctx.policy.spec
     for group in policy.optimizer.param_groups:
         group["lr"] = spec.optimizer.lr * step_scale
     policy.optimizer.zero_grad(set_to_none=True)
     penalise = beta > 0 and not first
     record_behaviour = first and ctx.record_behaviour
-    loss_sum = torch.zeros((), device=policy.device)
-    clip_sum = penalty_sum = 0.0
-    ratio_max = 0.0
-    recorded = []
-    logp_cur = ctx.logp_cur
+    weighted = torch.zeros(3, device=policy.device)  # Σ weight · (loss, clip fraction, penalty)
+    ratio_max = torch.zeros((), device=policy.device)
+    recorded = []  # (rows, behaviour log-probs on the device)
     for mb in micro_batches:
         with policy.autocast():
             logp, per_token_kl = logprobs_and_kl(ctx, mb, record_reference=first, with_kl=penalise)
-        if record_behaviour:
-            logp_cur[mb.rows, : logp.shape[1]] = (logp.detach() * mb.mask).float().cpu()
-            if mb.real:
-                recorded.append((mb.rows, logp_cur[mb.rows, : logp.shape[1]]))
-        pl = surrogate(ctx, mb, logp)
-        loss = pl.loss
+        behaviour = (logp.detach() * mb.mask).float() if record_behaviour else None
+        if behaviour is not None and mb.real:
+            recorded.append((mb.rows, behaviour))
+        pl = surrogate(ctx, mb, logp, behaviour)
+        loss, penalty = pl.loss, torch.zeros((), device=policy.device)
         if penalise:
             penalty = kl_penalty(per_token_kl, mb.mask, beta, spec.loss.aggregation)
             loss = loss + penalty
-            penalty_sum += float(penalty.detach()) * mb.weight
         (loss * (mb.weight * policy.group.world)).backward()  # FSDP2 averages over ranks
-        loss_sum += loss.detach() * mb.weight
-        clip_sum += pl.clip_fraction * mb.weight
-        ratio_max = max(ratio_max, pl.ratio_max if mb.real else 0.0)
-    for rows_of, values in (part for parts in policy.group.gather(recorded) for part in parts):
-        logp_cur[rows_of, : values.shape[1]] = values  # sharded: the other ranks' rows too
+        terms = torch.stack([loss.detach(), pl.clip_fraction, penalty.detach()])
+        weighted += terms.float() * mb.weight
+        if mb.real:
+            ratio_max = torch.maximum(ratio_max, pl.ratio_max.float())
     grad_norm = clip_grad_norm_(policy.trainable_parameters(), spec.optimizer.grad_clip)
-    finite = math.isfinite(grad_norm)  # the whole gradient's norm: every rank agrees
+    host = read_back([weighted, ratio_max, grad_norm, *(values for _, values in recorded)])
+    (loss_sum, clip_sum, penalty_sum), ratio_max, grad_norm = host[0].tolist(), *host[1:3]
+    recorded = [(rows, values) for (rows, _), values in zip(recorded, host[3:], strict=True)]
+    for rows_of, values in (part for parts in policy.group.gather(recorded) for part in parts):
+        ctx.logp_cur[rows_of, : values.shape[1]] = values  # sharded: the other ranks' rows too
+    finite = math.isfinite(float(grad_norm))  # the whole gradient's norm: every rank agrees
     if finite:
         policy.optimizer.step()
     else:  # a NaN or infinite gradient would make every weight NaN: skip the step
         logger.warning(
-            "agent %d: gradient norm %s, the optimiser step is skipped", spec.agent_index, grad_norm
+            "agent %d: gradient norm %s, the optimiser step is skipped",
+            spec.agent_index,
+            float(grad_norm),
         )
     group = policy.group
     return StepStats(
-        loss=group.sum(float(loss_sum)),
+        loss=group.sum(loss_sum),
         clip_fraction=group.sum(clip_sum),
         kl_penalty=group.sum(penalty_sum),
-        ratio_max=max(group.gather(ratio_max)),
+        ratio_max=max(group.gather(float(ratio_max))),
         steps=1 if finite else 0,
         skipped=0 if finite else 1,
     )
 
 
-def surrogate(ctx: UpdateContext, mb: MicroBatch, logp: torch.Tensor) -> PolicyLoss:
+def surrogate(
+    ctx: UpdateContext, mb: MicroBatch, logp: torch.Tensor, behaviour: torch.Tensor | None
+) -> PolicyLoss:
     """The policy term of design §4 on micro-batch `mb` (log π_θ [n, T_mb]), against its rows'
-    logp_cur, advantages A and weights c (per trajectory, or per token)."""
+    logp_cur (`behaviour` on the device where this step's forward pass records it), advantages
+    A and weights c (per trajectory, or per token)."""
     loss, device = ctx.policy.spec.loss, ctx.policy.device
     T_mb = mb.mask.shape[1]
     c = ctx.c[mb.rows] if ctx.c.dim() == 1 else ctx.c[mb.rows, :T_mb]
+    if behaviour is None:
+        behaviour = ctx.logp_cur[mb.rows, :T_mb].to(device)
     return policy_loss(
         logp,
-        ctx.logp_cur[mb.rows, :T_mb].to(device),
+        behaviour,
         ctx.A[mb.rows].to(device),
         mb.mask,
         c=c.to(device),
@@ -337,26 +346,26 @@ def logprobs_and_kl(
     KL(π_θ ‖ π_cur) [n, T_mb]: exact over the vocabulary, or k3 on the sampled tokens.
     record_reference: θ is π_cur; keep its states for the exact KL of later steps."""
     policy, reference = ctx.policy, ctx.reference
-    where = response_positions(mb.batch)
-    hidden, layer = response_hidden_states(policy.trunk, mb.batch)
-    hidden = hidden[where]
+    where, index = response_positions(mb.batch), mb.token_index
+    hidden, layer = response_hidden_states(policy.trunk, mb.batch, mb.packed)
+    hidden = hidden.flatten(0, 1)[index]
     if reference is not None and record_reference:
         reference.record(mb, hidden, layer, policy.reference_dtype)
     exact = with_kl and reference is not None
     logp, kl = chunked_logprobs_and_kl(
         hidden,
-        mb.batch.response_ids[where],
+        mb.batch.response_ids.flatten()[index],
         layer,
         policy.spec.temperature,
         reference_hidden=reference.states(mb) if exact else None,
         reference=reference.layer if exact else None,
         chunk_tokens=policy.spec.logit_chunk_tokens,
     )
-    logp = scatter_response(logp, where)
+    logp = scatter_response(logp, where, index)
     if not with_kl:
         return logp, None
     if exact:
-        return logp, scatter_response(kl, where)
+        return logp, scatter_response(kl, where, index)
     return logp, kl_k3(logp, ctx.logp_cur[mb.rows, : logp.shape[1]].to(logp.device))
 
 
@@ -367,12 +376,13 @@ def reference_pass(ctx: UpdateContext, micro_batches: list[MicroBatch]) -> None:
     of several steps per epoch, whose later forward passes run other weights; and of the
     held-out rows the check measures)."""
     policy = ctx.policy
-    recorded = []
+    computed = []
     for mb in micro_batches:
         with policy.autocast():
             logp, _ = logprobs_and_kl(ctx, mb, record_reference=True, with_kl=False)
         if ctx.record_behaviour and mb.real:
-            recorded.append((mb.rows, (logp * mb.mask).float().cpu()))
+            computed.append((mb.rows, logp * mb.mask))
+    recorded = _read_rows(computed)
     for rows, values in (part for parts in policy.group.gather(recorded) for part in parts):
         ctx.logp_cur[rows, : values.shape[1]] = values
     if ctx.reference is not None and policy.group.sharded:  # every rank needs every row's
@@ -387,15 +397,18 @@ def kl_check(ctx: UpdateContext) -> tuple[float, torch.Tensor, torch.Tensor]:
     (of every rank); the new log-probs [N, T] of those rows (the others keep logp_cur); and
     each row's sequence KL [N] (NaN for rows not checked, +inf where it is not finite)."""
     policy = ctx.policy
-    computed = []
+    real = [mb for mb in ctx.checked if mb.real]
+    device_values = []  # each real micro-batch's log-probs [n, T_mb] and sequence KLs [n]
     for mb in ctx.checked:
         with policy.autocast():
             logp, per_token_kl = logprobs_and_kl(ctx, mb)
         if mb.real:
-            owns = mb.mask.sum(-1) > 0
-            seq_kl = sequence_kl(per_token_kl, mb.mask).float().cpu()
-            rows = [row for row, own in zip(mb.rows, owns.tolist(), strict=True) if own]
-            computed.append((mb.rows, logp.cpu(), rows, seq_kl[owns.cpu()]))
+            device_values += [logp, sequence_kl(per_token_kl, mb.mask)]
+    host = read_back(device_values)
+    computed = []
+    for mb, logp, seq_kl in zip(real, host[0::2], host[1::2], strict=True):
+        owned = [k for k, own in enumerate(mb.owns) if own]
+        computed.append((mb.rows, logp, [mb.rows[k] for k in owned], seq_kl[owned]))
     logp_new = ctx.logp_cur.clone()
     kls = torch.full((len(ctx.trajectories),), math.nan, device="cpu")
     measured = []
@@ -419,10 +432,19 @@ def training_logprobs(ctx: UpdateContext, logp_new: torch.Tensor) -> torch.Tenso
         with policy.autocast():
             logp, _ = logprobs_and_kl(ctx, mb, with_kl=False)
         if mb.real:
-            computed.append((mb.rows, logp.cpu()))
-    for rows, logp in (part for parts in policy.group.gather(computed) for part in parts):
+            computed.append((mb.rows, logp))
+    recorded = _read_rows(computed)
+    for rows, logp in (part for parts in policy.group.gather(recorded) for part in parts):
         logp_new[rows, : logp.shape[1]] = logp
     return logp_new
+
+
+def _read_rows(
+    computed: list[tuple[list[int], torch.Tensor]],
+) -> list[tuple[list[int], torch.Tensor]]:
+    """(rows, values on the device) pairs with their values read back in one transfer."""
+    values = read_back([values for _, values in computed])
+    return [(rows, v) for (rows, _), v in zip(computed, values, strict=True)]
 
 
 def _kept(attempts: list[Attempt], epochs: list[StepOutcome]) -> list[Attempt]:
