@@ -268,3 +268,21 @@ def test_a_trained_team_is_served_at_its_trained_budget(tmp_path):
 def test_a_serve_budget_chosen_in_training_is_kept(tmp_path):
     text = MINIMAL + "rollout: {max_new_tokens: 4096}\nserve: {max_tokens: 1024}\n"
     assert run_config_for(trained_team(tmp_path, text), []).serve.max_tokens == 1024
+
+
+def test_weighted_reward_functions_are_read_and_one_way_to_name_them(tmp_path):
+    config = load_config(
+        write(tmp_path, MINIMAL),
+        ["reward.functions=[{function: verify, weight: 2}, {function: 'my.pkg:length'}]"],
+    )
+    assert [(f.function, f.weight) for f in config.reward.functions] == [
+        ("verify", 2.0),
+        ("my.pkg:length", 1.0),
+    ]
+    with pytest.raises(ConfigError, match=r"reward\.function and reward\.functions"):
+        load_config(
+            write(tmp_path, MINIMAL),
+            ["reward.function=my.pkg:score", "reward.functions=[{function: verify}]"],
+        )
+    with pytest.raises(ConfigError, match=r"reward\.functions\.0\.weight"):
+        load_config(write(tmp_path, MINIMAL), ["reward.functions=[{function: verify, weight: x}]"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from satseq.config.section import Section
 from satseq.data.synthetic import resolve_difficulty
@@ -112,11 +112,25 @@ class DataConfig(Section):
         return train
 
 
+class WeightedReward(Section):
+    """One reward function of a weighted sum r = Σ_k w_k r_k."""
+
+    function: str = Field(
+        description="'package.module:function', or 'verify' for the built-in math-verify check"
+    )
+    weight: float = Field(1.0, allow_inf_nan=False, description="its weight w_k")
+
+
 class RewardConfig(Section):
     """How a response is scored: its answer (the last `\\boxed{}`, else the fallbacks) verified
-    against the reference with math-verify, or a custom function."""
+    against the reference with math-verify, a custom function, or a weighted sum of several."""
 
     function: str | None = Field(None, description="'package.module:function' custom reward")
+    functions: list[WeightedReward] = Field(
+        default_factory=list,
+        description="several reward functions, the reward their weighted sum (TRL's "
+        "reward_funcs and reward_weights); replaces `function`",
+    )
     fallbacks: list[Literal["answer_colon", "answer_is", "last_number"]] = Field(
         default_factory=list,
         description='extractors tried in order when there is no \\boxed{}: "Answer: 42", "the '
@@ -129,3 +143,12 @@ class RewardConfig(Section):
     timeout_s: float = Field(
         2.0, gt=0.0, description="deadline for verifying one sample or one custom-function call, s"
     )
+
+    @model_validator(mode="after")
+    def _one_way_to_name_the_functions(self) -> RewardConfig:
+        if self.function is not None and self.functions:
+            raise ValueError(
+                "reward.function and reward.functions are both given: list the function in "
+                "reward.functions (with {function: verify} for the built-in check)"
+            )
+        return self

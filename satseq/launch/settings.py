@@ -47,6 +47,7 @@ def reward_scorer(config: RunConfig) -> RewardScorer:
     reward = config.reward
     return RewardScorer(
         function=reward.function,
+        functions=[(term.function, term.weight) for term in reward.functions],
         fallbacks=tuple(reward.fallbacks),
         allow_percent=reward.allow_percent,
         format_rule=reward.format_rule,

@@ -33,15 +33,15 @@ _DOTTED_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _FUNCTION_PATH = re.compile(rf"(?P<module>{_DOTTED_NAME}):(?P<attribute>{_DOTTED_NAME})")
 
 
-def check_function_path(path: str) -> str:
-    """Return `path` if it has the form `package.module:function`, else raise.
+def check_function_path(path: str, key: str = "reward.function") -> str:
+    """Return `path` if it has the form `package.module:function`, else raise naming `key`.
 
     Raises:
         RewardFunctionImportError: the path is malformed.
     """
     if not _FUNCTION_PATH.fullmatch(path.strip()):
         raise RewardFunctionImportError(
-            f"reward.function {path!r} is not of the form 'package.module:function' "
+            f"{key} {path!r} is not of the form 'package.module:function' "
             "(for example 'my_rewards.math:score')"
         )
     return path.strip()

@@ -3,9 +3,13 @@
 A sample's reward, in order:
 
 1. With `format_rule`, a response that breaks the SPO think format scores 0.
-2. With a custom `function`, its return value is the reward.
-3. Otherwise the answer is extracted (last box, then `fallbacks`) and verified against the
-   ground truth with math-verify: 1 if equal, else 0. No answer found scores 0.
+2. Otherwise it is the weighted sum of its reward functions' scores, r = Σ_k w_k r_k (TRL's
+   `reward_funcs` with `reward_weights`). One function of weight 1 is the default: a custom
+   `function`, else the built-in check.
+3. The built-in check (`VERIFY`) extracts the answer (last box, then `fallbacks`) and verifies it
+   against the ground truth with math-verify: 1 if equal, else 0. No answer found scores 0.
+
+A term that times out or fails adds 0; the sample's status is the worst of its terms'.
 
 Verification and custom functions run in helper processes with a `timeout_s` deadline (see
 `satseq.rewards.bounded_process`); this works in any thread, and a timeout scores 0.
@@ -31,7 +35,12 @@ logger = logging.getLogger(__name__)
 
 SampleStatus = Literal["scored", "no_answer", "format_violation", "timeout", "failed"]
 """What happened to a sample: `scored` by the verifier or the custom function; every other
-status scores 0."""
+status scores 0 (in a weighted sum: that term adds 0)."""
+
+VERIFY = "verify"
+"""The built-in check's name among weighted reward functions (`reward.functions`)."""
+
+_SEVERITY: tuple[SampleStatus, ...] = ("scored", "no_answer", "timeout", "failed")
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,8 @@ class RewardScorer:
     Args:
         function: "package.module:function" of a custom reward (see `satseq.rewards.plugin`),
             or None for the built-in math-verify check.
+        functions: several reward functions with their weights, `(path or VERIFY, weight)`;
+            the reward is the weighted sum. Given, it replaces `function`.
         fallbacks: answer extractors to try, in order, when a response has no `\\boxed{}`;
             names from `satseq.rewards.extract.FALLBACKS`. Empty means boxed answers only.
         allow_percent: read "X%" as X/100 as well as X (so 10% = 0.1); otherwise only as X.
@@ -94,6 +105,7 @@ class RewardScorer:
         self,
         *,
         function: str | None = None,
+        functions: Sequence[tuple[str, float]] = (),
         fallbacks: Iterable[str] = DEFAULT_FALLBACKS,
         allow_percent: bool = False,
         format_rule: bool = False,
@@ -101,7 +113,14 @@ class RewardScorer:
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"reward.timeout_s must be positive, got {timeout_s}")
-        self.function = None if function is None else check_function_path(function)
+        if function is not None and functions:
+            raise ValueError("give reward.function or reward.functions, not both")
+        terms = functions or [(function or VERIFY, 1.0)]
+        key = "reward.functions[{}].function" if functions else "reward.function"
+        self.terms: tuple[tuple[str | None, float], ...] = tuple(
+            (None if path == VERIFY else check_function_path(path, key.format(k)), float(weight))
+            for k, (path, weight) in enumerate(terms)
+        )
         self.fallbacks = check_fallbacks(fallbacks)
         self.allow_percent = allow_percent
         self.format_rule = format_rule
@@ -111,7 +130,7 @@ class RewardScorer:
 
     def __repr__(self) -> str:
         return (
-            f"RewardScorer(function={self.function!r}, fallbacks={self.fallbacks!r}, "
+            f"RewardScorer(terms={self.terms!r}, fallbacks={self.fallbacks!r}, "
             f"allow_percent={self.allow_percent}, format_rule={self.format_rule}, "
             f"timeout_s={self.timeout_s})"
         )
@@ -229,10 +248,31 @@ class RewardScorer:
     ) -> _Outcome:
         if self.format_rule and not follows_think_format(response):
             return _Outcome(0.0, "format_violation")
-        if self.function is not None:
+        outcomes = [
+            self._score_term(function, prompt, response, ground_truth, meta)
+            for function, _ in self.terms
+        ]
+        worst = max(outcomes, key=lambda outcome: _SEVERITY.index(outcome.status))
+        score = sum(  # r = Σ_k w_k r_k; a term that did not score adds 0
+            weight * outcome.score
+            for (_, weight), outcome in zip(self.terms, outcomes, strict=True)
+            if outcome.status == "scored"
+        )
+        return _Outcome(float(score), worst.status, worst.error)
+
+    def _score_term(
+        self,
+        function: str | None,
+        prompt: str,
+        response: str,
+        ground_truth: str,
+        meta: Mapping[str, Any],
+    ) -> _Outcome:
+        """One reward function's score: `function` (a custom path) or the built-in check."""
+        if function is not None:
             target: Callable[..., Any] = call_reward_function
-            args: tuple[Any, ...] = (self.function, prompt, response, ground_truth, dict(meta))
-            what = f"reward.function {self.function!r}"
+            args: tuple[Any, ...] = (function, prompt, response, ground_truth, dict(meta))
+            what = f"reward.function {function!r}"
         else:
             answer = self.extract_answer(response)
             if answer is None:
@@ -254,15 +294,19 @@ class RewardScorer:
     def _helpers(self) -> BoundedProcessPool:
         with self._pool_lock:
             if self._pool is None:
-                warmup = (
-                    verify.warm_up
-                    if self.function is None
-                    # Import the custom function before the first deadline starts: a heavy
-                    # import would otherwise time out, be killed, and be retried forever.
-                    else functools.partial(load_reward_function, self.function)
-                )
-                self._pool = BoundedProcessPool(warmup)
+                paths = tuple(function for function, _ in self.terms)
+                self._pool = BoundedProcessPool(functools.partial(_warm_up, paths))
             return self._pool
+
+
+def _warm_up(functions: tuple[str | None, ...]) -> None:
+    """Import each custom function (None: build the verifier) before a helper's first deadline
+    starts: a heavy import would otherwise time out, be killed, and be retried forever."""
+    for function in functions:
+        if function is None:
+            verify.warm_up()
+        else:
+            load_reward_function(function)
 
 
 def _preview(text: str, limit: int = 80) -> str:

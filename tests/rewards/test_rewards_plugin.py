@@ -139,3 +139,30 @@ def test_slow_function_times_out_and_scores_zero():
     assert batch.scores == [0.0]
     assert batch.statuses == ["timeout"]
     assert 0.5 <= elapsed < 0.5 + 1.5
+
+
+def test_weighted_functions_score_their_weighted_sum():
+    functions = [("user_rewards:contains_truth", 0.5), ("verify", 2.0)]
+    with RewardScorer(functions=functions, timeout_s=10.0) as scorer:
+        assert scorer.score("6*7?", "It is \\boxed{42}", "42") == 0.5 * 1 + 2.0 * 1
+        assert scorer.score("6*7?", "It is \\boxed{41}", "42", bonus=0.25) == 0.5 * 0.25
+        batch = scorer.score_batch(["6*7?"] * 2, ["no number", "42"], ["42"] * 2)
+        # the built-in term: no answer in the first (its status), 42 by a fallback in the second
+        assert batch.scores == [0.0, 0.5 + 2.0]
+        assert batch.statuses == ["no_answer", "scored"]
+
+
+def test_a_failing_term_adds_zero_and_marks_the_sample():
+    functions = [("user_rewards:explodes", 1.0), ("verify", 3.0)]
+    with RewardScorer(functions=functions, timeout_s=10.0) as scorer:
+        batch = scorer.score_batch(["q", "q"], ["bad \\boxed{7}", "good \\boxed{7}"], ["7", "7"])
+    assert batch.scores == [3.0, 4.0]
+    assert batch.statuses == ["failed", "scored"]
+    assert "cannot score this one" in batch.first_error
+
+
+def test_weighted_functions_name_the_bad_entry():
+    with pytest.raises(RewardFunctionImportError, match=r"reward\.functions\[1\]\.function"):
+        RewardScorer(functions=[("verify", 1.0), ("no_colon_here", 1.0)])
+    with pytest.raises(ValueError, match="not both"):
+        RewardScorer(function="user_rewards:contains_truth", functions=[("verify", 1.0)])
