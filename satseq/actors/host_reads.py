@@ -18,3 +18,11 @@ def read_back(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     flat = torch.cat([t.detach().reshape(-1).float() for t in tensors]).cpu()
     parts = flat.split([t.numel() for t in tensors])
     return [part.view(t.shape) for part, t in zip(parts, tensors, strict=True)]
+
+
+def read_back_rows(
+    computed: list[tuple[list[int], torch.Tensor]],
+) -> list[tuple[list[int], torch.Tensor]]:
+    """(rows, values on the device) pairs with their values read back in one transfer."""
+    values = read_back([values for _, values in computed])
+    return [(rows, v) for (rows, _), v in zip(computed, values, strict=True)]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from satseq.actors.forward import response_hidden_states, response_positions, scatter_response
-from satseq.actors.host_reads import read_back
+from satseq.actors.host_reads import read_back, read_back_rows
 from satseq.actors.learner.micro_batches import (
     MicroBatch,
     StageReference,
@@ -382,7 +382,7 @@ def reference_pass(ctx: UpdateContext, micro_batches: list[MicroBatch]) -> None:
             logp, _ = logprobs_and_kl(ctx, mb, record_reference=True, with_kl=False)
         if ctx.record_behaviour and mb.real:
             computed.append((mb.rows, logp * mb.mask))
-    recorded = _read_rows(computed)
+    recorded = read_back_rows(computed)
     for rows, values in (part for parts in policy.group.gather(recorded) for part in parts):
         ctx.logp_cur[rows, : values.shape[1]] = values
     if ctx.reference is not None and policy.group.sharded:  # every rank needs every row's
@@ -433,18 +433,10 @@ def training_logprobs(ctx: UpdateContext, logp_new: torch.Tensor) -> torch.Tenso
             logp, _ = logprobs_and_kl(ctx, mb, with_kl=False)
         if mb.real:
             computed.append((mb.rows, logp))
-    recorded = _read_rows(computed)
+    recorded = read_back_rows(computed)
     for rows, logp in (part for parts in policy.group.gather(recorded) for part in parts):
         logp_new[rows, : logp.shape[1]] = logp
     return logp_new
-
-
-def _read_rows(
-    computed: list[tuple[list[int], torch.Tensor]],
-) -> list[tuple[list[int], torch.Tensor]]:
-    """(rows, values on the device) pairs with their values read back in one transfer."""
-    values = read_back([values for _, values in computed])
-    return [(rows, v) for (rows, _), v in zip(computed, values, strict=True)]
 
 
 def _kept(attempts: list[Attempt], epochs: list[StepOutcome]) -> list[Attempt]:
