@@ -10,7 +10,10 @@ when it set the actors' state finds out with `check_not_restarted` which one los
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
+
+from satseq.actors.calls import ActorCalls
 
 PROCESS_ID = uuid.uuid4().hex
 """This process's identity: what an actor's `incarnation()` answers."""
@@ -25,13 +28,21 @@ class ActorRestarted(RuntimeError):
         self.actor_id = actor_id
 
 
-def incarnations(actors: list[Any], asked: list[Any] | None = None) -> dict[str, str]:
-    """{actor id (hex): its `incarnation()`}, asked now, or `asked`: the pending answers of an
-    earlier `incarnation()` call to each actor."""
-    import ray  # here: the learner imports this module, and imports without Ray
+def incarnations(
+    actors: list[tuple[Any, Callable]], calls: ActorCalls, asked: list[Any] | None = None
+) -> dict[str, str]:
+    """{actor key: its `incarnation()`} of each (actor, its `incarnation` method), asked now,
+    or `asked`: the pending answers of an earlier call to each."""
+    if asked is None:
+        asked = [calls.start(actor, method) for actor, method in actors]
+    found = calls.wait(asked)
+    return {actor_key(actor): process for (actor, _), process in zip(actors, found, strict=True)}
 
-    found = ray.get(asked if asked is not None else [a.incarnation.remote() for a in actors])
-    return {actor._actor_id.hex(): process for actor, process in zip(actors, found, strict=True)}
+
+def actor_key(actor: Any) -> str:
+    """A Ray actor's id (the same across its restarts), or a plain object's identity."""
+    actor_id = getattr(actor, "_actor_id", None)
+    return actor_id.hex() if actor_id is not None else f"in-process-{id(actor):x}"
 
 
 def check_not_restarted(before: dict[str, str], now: dict[str, str]) -> None:

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
 import torch
 
-from satseq.actors.incarnation import check_not_restarted, incarnations
+from satseq.actors.incarnation import actor_key, check_not_restarted, incarnations
 from satseq.actors.learner import Learner
 from satseq.actors.learner.handle import learner_actors
 from satseq.actors.rollout import RolloutWorker
@@ -38,6 +37,7 @@ from satseq.cluster.faults import (
 from satseq.cluster.metrics import StageLog
 from satseq.cluster.recipes import RECIPES
 from satseq.cluster.recipes.certificate import certification_warning
+from satseq.cluster.runtime import TeamRuntime
 from satseq.cluster.swap import apply_swaps
 from satseq.cluster.team import start_on_ray
 from satseq.cluster.training_data import training_problems
@@ -48,16 +48,28 @@ from satseq.evaluation.team import evaluate_team
 from satseq.launch.settings import eval_sampling_spec
 from satseq.sandbox.pool import SandboxPool
 
+StartTeam = Callable[[RunConfig, Any], TeamRuntime]
+"""Starts a run's team: `start_on_ray`, or `team.start_in_process` (the whole stage loop, with
+its outputs, checkpoints and resume, in one process: tests)."""
+
 
 class Coordinator:
     """Owns the team's actors and runs stages. Plain class; `coordinator_actor.CoordinatorActor`
-    runs it in its own process."""
+    runs it in its own process. It reaches the actors only through the runtime's calls
+    (`satseq.actors.calls`), so it runs over Ray or in process alike."""
 
-    def __init__(self, config: RunConfig, output_dir: str, resume: bool = False):
+    def __init__(
+        self,
+        config: RunConfig,
+        output_dir: str,
+        resume: bool = False,
+        start_team: StartTeam = start_on_ray,
+    ):
         self.config = config
         self.output_dir = Path(output_dir)
         self.recipe_class = RECIPES[config.algorithm.name]
-        self.runtime = start_on_ray(config, self.recipe_class.learner_settings(config))
+        self.runtime = start_team(config, self.recipe_class.learner_settings(config))
+        self.calls = self.runtime.calls
         self.val_problems = [
             problem
             for name in (config.data.val_files if config.trainer.val_every else [])
@@ -68,7 +80,7 @@ class Coordinator:
         self.recipe = self.recipe_class(config, self.runtime, self.problems)
         self.first_rng = _rng_state()  # stage 0's, for a retry of stage 0
         self.faults = FaultLog(config.trainer.max_stage_retries)
-        self.incarnations = incarnations(self._team_actors())
+        self.incarnations = incarnations(self._team_actors(), self.calls)
         """Every learner's and rollout actor's process when the stage began (`faults`)."""
         resumed_stage = self._restore() if resume else None
         self.log = StageLog(self.output_dir, config, resumed_stage)
@@ -120,18 +132,20 @@ class Coordinator:
         rt.set_progress(f"recovering ({kind} died)")
         wait_until_alive(self._pings())
         # before the reset: an actor restarted during it is caught at the stage's end
-        self.incarnations = incarnations(self._team_actors())
+        self.incarnations = incarnations(self._team_actors(), self.calls)
         rt.weight_sync.forget()  # a restarted actor is in no group
         self._reset_to_stage_start()
         self.faults.recovery_seconds += time.perf_counter() - started
 
     def _learner_actors(self) -> list[Any]:
-        """Every learner's Ray actors, each once (the LoRA agents of one base share one)."""
+        """Every learner's actors, each once (the LoRA agents of one base share one)."""
         actors = [actor for learner in self.runtime.learners for actor in learner_actors(learner)]
-        return list({actor._actor_id: actor for actor in actors}.values())
+        return list({actor_key(actor): actor for actor in actors}.values())
 
-    def _team_actors(self) -> list[Any]:
-        return self._learner_actors() + self.runtime.rollouts
+    def _team_actors(self) -> list[tuple[Any, Callable]]:
+        """Each learner and rollout actor with its `incarnation` method."""
+        team = [(actor, Learner.incarnation) for actor in self._learner_actors()]
+        return team + [(worker, RolloutWorker.incarnation) for worker in self.runtime.rollouts]
 
     def _pings(self) -> list[tuple[Any, Callable]]:
         rt = self.runtime
@@ -189,21 +203,24 @@ class Coordinator:
         stage = metrics["stage"]
         last = stage + 1 == self.config.trainer.stages
         checkpoints = self.output_dir / "checkpoints"
+        start, learners = self.calls.start, self.runtime.learners
         writes = [  # each learner writes its resume file and, when due, its HF dir: one round
-            learner.save_state.remote(str(learner_state_path(checkpoints, stage, i)))
-            for i, learner in enumerate(self.runtime.learners)
+            start(learner, Learner.save_state, str(learner_state_path(checkpoints, stage, i)))
+            for i, learner in enumerate(learners)
         ]
         if (stage + 1) % self.config.trainer.save_every == 0 or last:
             writes += [
-                learner.save_pretrained.remote(
-                    str(self.output_dir / f"agent_{name}" / f"stage_{stage}")
+                start(
+                    learner,
+                    Learner.save_pretrained,
+                    str(self.output_dir / f"agent_{name}" / f"stage_{stage}"),
                 )
-                for learner, name in zip(self.runtime.learners, self.runtime.agents, strict=True)
+                for learner, name in zip(learners, self.runtime.agents, strict=True)
             ]
         team = self._team_actors()
-        asked = [actor.incarnation.remote() for actor in team]  # each after its actor's writes
-        ray.get(writes)
-        now = incarnations(team, asked)
+        asked = [start(actor, method) for actor, method in team]  # each after its actor's writes
+        self.calls.wait(writes)
+        now = incarnations(team, self.calls, asked)
         check_not_restarted(self.incarnations, now)
         self.incarnations = now  # a swap's new learner from here on
         state = {
@@ -231,9 +248,13 @@ class Coordinator:
             return None
         completed_stage, state = found
         self._rebuild_swapped_agents(state["agent_paths"])
-        ray.get(
+        self.calls.wait(
             [
-                learner.load_state.remote(str(learner_state_path(checkpoints, completed_stage, i)))
+                self.calls.start(
+                    learner,
+                    Learner.load_state,
+                    str(learner_state_path(checkpoints, completed_stage, i)),
+                )
                 for i, learner in enumerate(self.runtime.learners)
             ]
         )

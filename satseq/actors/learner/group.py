@@ -22,10 +22,14 @@ from typing import Any
 
 import ray
 
+from satseq.actors.calls import RayCalls
 from satseq.actors.incarnation import check_not_restarted, incarnations
 from satseq.actors.learner.actor import LearnerRankActor
 from satseq.actors.learner.handle import LearnerHandle
+from satseq.actors.learner.rank import LearnerRank
 from satseq.actors.learner.specs import LearnerSpec
+
+RAY_CALLS = RayCalls()
 
 
 @ray.remote(num_cpus=0)
@@ -59,14 +63,19 @@ class LearnerGroup(LearnerHandle):
         """(Re-)form the ranks' process group; rank 0's answer to `join_group`."""
         address = ray.get(self.ranks[0].free_address.remote())
         joined = [rank.join_group.remote(address) for rank in self.ranks]
-        self.formed = [rank.incarnation.remote() for rank in self.ranks]  # each after its join
+        self.formed = [  # each after its join
+            RAY_CALLS.start(rank, LearnerRank.incarnation) for rank in self.ranks
+        ]
         return _rank_zero.remote(*joined)
 
     def check_formed(self) -> None:
         """Raise ActorRestarted for a rank that Ray restarted since the group formed."""
         if not self.formed:
             raise RuntimeError("the ranks have formed no group yet: call ready() first")
-        check_not_restarted(incarnations(self.ranks, self.formed), incarnations(self.ranks))
+        ranks = [(rank, LearnerRank.incarnation) for rank in self.ranks]
+        check_not_restarted(
+            incarnations(ranks, RAY_CALLS, self.formed), incarnations(ranks, RAY_CALLS)
+        )
 
 
 def _rank_zero_stream(streams: list[Any]) -> Iterator[Any]:
