@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 UNSOURCED = Path(__file__).with_name("unsourced_numbers.txt")
 
-DECIMAL = re.compile(r"(?<![\w.])[-+−]?\d+\.\d+(?![\w.]*\d)")
+DECIMAL = re.compile(r"(?<![\w.])[-+−]?\d+\.\d+(?:e[-+]?\d+)?(?![\w.]*\d)")
 NOT_PROSE = re.compile(
     r"```.*?```"  # code blocks
     r"|`[^`\n]*`"  # inline code
@@ -35,12 +35,18 @@ def documents() -> list[Path]:
 
 
 def numbers_in(markdown: str) -> list[list[str]]:
-    """The decimal numbers of each line of `markdown`'s prose, unsigned, as written."""
+    """The decimal numbers of each line of `markdown`'s prose, unsigned, as written (5.6e-6 as
+    5.6e-06, the way Python writes it)."""
     prose = NOT_PROSE.sub(" ", markdown)
     return [
-        [match.group().lstrip("+-−") for match in DECIMAL.finditer(line)]
+        [as_python_writes(match.group().lstrip("+-−")) for match in DECIMAL.finditer(line)]
         for line in prose.splitlines()
     ]
+
+
+def as_python_writes(number: str) -> str:
+    mantissa, e, _ = number.partition("e")
+    return f"{float(number):.{decimals(mantissa)}e}" if e else number
 
 
 def differences(numbers: list[str]) -> set[str]:
@@ -59,14 +65,15 @@ def decimals(number: str) -> int:
 
 def held_numbers() -> set[str]:
     """Every results number as it could be written: rounded to 1-4 decimals (0.95 also as
-    0.950, 0.9512 as 0.95)."""
+    0.950, 0.9512 as 0.95), or in scientific notation (5.58e-06 as 5.6e-06)."""
     held = set()
     for path in RESULTS.iterdir():
         if path.suffix not in (".txt", ".json", ".jsonl", ".md"):
             continue
         for match in re.finditer(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?", path.read_text()):
             value = abs(float(match.group()))
-            held.update(f"{value:.{decimals}f}" for decimals in range(1, 5))
+            held.update(f"{value:.{digits}f}" for digits in range(1, 5))
+            held.update(f"{value:.{digits}e}" for digits in range(0, 5))
     return held
 
 
@@ -112,11 +119,13 @@ def test_the_listed_debt_is_still_in_the_docs():
 def test_the_check_finds_what_it_should():
     prose = (
         "measured 0.263 (`0.777` in code), see [x](http://a/1.23), arXiv 2605.05216, "
-        "Python ≥ 3.11, TRL 1.16, Theorem 4.4/4.7; a range 6.5–31.5 %, −1.45, 2.86x\n```\n9.99\n```"
+        "Python ≥ 3.11, TRL 1.16, Theorem 4.4/4.7; a range 6.5–31.5 %, −1.45, 2.86x, 5.6e-6"
+        "\n```\n9.99\n```"
     )
     found = sorted(number for line in numbers_in(prose) for number in line)
-    assert found == ["0.263", "1.45", "2.86", "31.5", "6.5"]
+    assert found == ["0.263", "1.45", "2.86", "31.5", "5.6e-06", "6.5"]
     assert differences(["0.795", "0.980"]) == {"0.185"}
     held = held_numbers()  # quickstart_correction.txt: "vote_last": 0.98, "train_s": 191
     assert {"0.98", "0.980", "191.0"} <= held
     assert "0.981" not in held
+    assert "5.6e-06" in held  # smollm2_correction.txt: a mismatch of 5.58e-06
