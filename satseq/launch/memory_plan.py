@@ -120,7 +120,7 @@ def saved_bytes(config, tokens: int, compute_dtype: str) -> tuple[int, int]:
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
         weights = {p.untyped_storage()._cdata for p in model.parameters()}
-        ids = torch.zeros(1, tokens, dtype=torch.long)
+        ids = torch.zeros(1, tokens, dtype=torch.long)  # fake, on the CPU: only sizes count
         autocast = torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32)
         with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), autocast:
             model.model(input_ids=ids)
