@@ -42,11 +42,13 @@ log = logging.getLogger(__name__)
 INGRESS = "TeamIngress"
 AGENT_PREFIX = "agent_"
 LORA_BASE_PREFIX = "lora_base_"
-PROXY_ENV = {"RAY_SERVE_PROXY_USE_GRPC": "1"}
+PROXY_ENV = {"RAY_SERVE_PROXY_USE_GRPC": "1", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
 """Serve's HTTP proxy hands each request to the ingress over gRPC instead of as a Ray actor
-call: about 2 ms less per request on a busy 2-core machine. The proxy reads it when its process
-starts, so it applies to a Ray instance `start_server` starts; on a cluster, set it in the Ray
-nodes' environment."""
+call: about 2 ms less per request on a busy 2-core machine. Serve's controller gives a starting
+proxy 5 s to answer its first ready check and otherwise kills it, which fails `serve.start` on a
+loaded machine (CI, where the proxy's imports alone can take longer): 60 s instead. Ray's
+processes read both when they start, so they apply to a Ray instance `start_server` starts; on a
+cluster, set them in the Ray nodes' environment."""
 
 
 class ServeConfigError(ValueError):
