@@ -65,7 +65,7 @@ def main() -> None:
             ],
         )
         runtime = start_on_ray(config, RECIPES["sat_seq"].learner_settings(config))
-        learner = runtime.learners[0]
+        learner = runtime.team.learners[0]
         sizes = sorted(args.bucket_mb, reverse=True)
         for bucket_mb in sizes[:1] if rank else sizes:  # an adapter goes in one bucket
             buckets = [
@@ -92,7 +92,7 @@ def main() -> None:
                 f"| {workers} | {what} | {bucket_mb:g} | {count} | {size:.3f} | {push:.3f} "
                 f"| {push / size:.2f} | {push / baseline:.2f}x |"
             )
-        for actor in [*runtime.rollouts, *learner_actors(learner)]:
+        for actor in [*runtime.team.rollouts, *learner_actors(learner)]:
             ray.kill(actor)
         ray.util.remove_placement_group(ray.util.get_placement_group("satseq-team"))
     print(f"a push is {push / args.stage_s:.1%} of a {args.stage_s:g} s stage (last row)")

@@ -3,6 +3,7 @@ methods, no function past 70 lines, except a recipe's `run_stage`, which reads a
 stage top to bottom (STYLE: a file past ~400 lines is a sign to split)."""
 
 import ast
+import inspect
 from pathlib import Path
 
 import satseq
@@ -45,3 +46,10 @@ def test_the_check_sees_a_long_function_and_a_large_class(tmp_path):
     source = tmp_path / "satseq_shape.py"
     source.write_text(f"class Big:\n{body}\n\ndef long():\n{lines}")
     assert len(shape_violations(source, root=tmp_path)) == 2
+
+
+def test_the_team_runtime_is_given_a_started_team_not_its_parts():
+    from satseq.cluster.runtime import TeamRuntime
+
+    parameters = list(inspect.signature(TeamRuntime.__init__).parameters)[1:]  # after self
+    assert len(parameters) <= 6, parameters

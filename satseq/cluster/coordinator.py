@@ -123,8 +123,8 @@ class Coordinator:
         rt = self.runtime
         roles = actor_roles(
             learner=self._learner_actors(),
-            rollout=rt.rollouts,
-            sandbox=[rt.sandbox] if rt.sandbox else [],
+            rollout=rt.team.rollouts,
+            sandbox=[rt.team.sandbox] if rt.team.sandbox else [],
         )
         kind = fault_kind(error, roles)
         self.faults.record(kind, self.stage, error)
@@ -139,19 +139,20 @@ class Coordinator:
 
     def _learner_actors(self) -> list[Any]:
         """Every learner's actors, each once (the LoRA agents of one base share one)."""
-        actors = [actor for learner in self.runtime.learners for actor in learner_actors(learner)]
+        learners = self.runtime.team.learners
+        actors = [actor for learner in learners for actor in learner_actors(learner)]
         return list({actor_key(actor): actor for actor in actors}.values())
 
     def _team_actors(self) -> list[tuple[Any, Callable]]:
         """Each learner and rollout actor with its `incarnation` method."""
         team = [(actor, Learner.incarnation) for actor in self._learner_actors()]
-        return team + [(worker, RolloutWorker.incarnation) for worker in self.runtime.rollouts]
+        return team + [(worker, RolloutWorker.incarnation) for worker in self.runtime.team.rollouts]
 
     def _pings(self) -> list[tuple[Any, Callable]]:
         rt = self.runtime
-        pings = [(learner, Learner.ready) for learner in rt.learners]
-        pings += [(worker, RolloutWorker.ready) for worker in rt.rollouts]
-        return pings + ([(rt.sandbox, SandboxPool.start)] if rt.sandbox else [])
+        pings = [(learner, Learner.ready) for learner in rt.team.learners]
+        pings += [(worker, RolloutWorker.ready) for worker in rt.team.rollouts]
+        return pings + ([(rt.team.sandbox, SandboxPool.start)] if rt.team.sandbox else [])
 
     def _reset_to_stage_start(self) -> None:
         """Learners, engines, recipe and RNG as they were when the stage began: from the last
@@ -181,9 +182,9 @@ class Coordinator:
         rt = self.runtime
         evaluation = evaluate_team(
             self.val_problems,
-            rt.agents,
+            rt.team.agents,
             rt.generate,
-            rt.tokenizers,
+            rt.team.tokenizers,
             rt.prompt_format,
             rt.scorer,
             self.config.eval.samples_per_agent,
@@ -203,7 +204,7 @@ class Coordinator:
         stage = metrics["stage"]
         last = stage + 1 == self.config.trainer.stages
         checkpoints = self.output_dir / "checkpoints"
-        start, learners = self.calls.start, self.runtime.learners
+        start, learners = self.calls.start, self.runtime.team.learners
         writes = [  # each learner writes its resume file and, when due, its HF dir: one round
             start(learner, Learner.save_state, str(learner_state_path(checkpoints, stage, i)))
             for i, learner in enumerate(learners)
@@ -215,7 +216,7 @@ class Coordinator:
                     Learner.save_pretrained,
                     str(self.output_dir / f"agent_{name}" / f"stage_{stage}"),
                 )
-                for learner, name in zip(learners, self.runtime.agents, strict=True)
+                for learner, name in zip(learners, self.runtime.team.agents, strict=True)
             ]
         team = self._team_actors()
         asked = [start(actor, method) for actor, method in team]  # each after its actor's writes
@@ -227,15 +228,15 @@ class Coordinator:
             "stage": stage + 1,  # where a resumed run starts
             "recipe": self.recipe.state_dict(),
             "rng": _rng_state(),
-            "agent_paths": list(self.runtime.agent_paths),  # swaps change them
+            "agent_paths": list(self.runtime.team.agent_paths),  # swaps change them
         }
         self.log.write(metrics, {"stage": stage, **certificate})
         save_run_state(checkpoints, stage, state)
         if self.config.output.keep_last is not None:
-            in_use = self.runtime.agent_paths + [swap.path for swap in self.config.team.swaps]
+            in_use = self.runtime.team.agent_paths + [swap.path for swap in self.config.team.swaps]
             prune_saved_stages(
                 self.output_dir,
-                self.runtime.agents,
+                self.runtime.team.agents,
                 self.config.output.keep_last,
                 {Path(path) for path in in_use},
             )
@@ -255,7 +256,7 @@ class Coordinator:
                     Learner.load_state,
                     str(learner_state_path(checkpoints, completed_stage, i)),
                 )
-                for i, learner in enumerate(self.runtime.learners)
+                for i, learner in enumerate(self.runtime.team.learners)
             ]
         )
         self.runtime.weight_sync.push_all()
@@ -274,7 +275,7 @@ class Coordinator:
         rt = self.runtime
         configured = self._configured_paths()
         for i, path in enumerate(paths):
-            if path != rt.agent_paths[i] or path != configured[i]:
+            if path != rt.team.agent_paths[i] or path != configured[i]:
                 rt.replace_agent(i, path)
 
     # --- progress (polled by the driver while a stage runs) -------------------------------------

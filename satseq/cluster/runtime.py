@@ -1,7 +1,7 @@
 """The team runtime: the steps every stage recipe takes on the team's learners and rollout
 workers (sample, score, log-probs, update, push weights, ...).
 
-Recipes call `TeamRuntime`, over either kind of handle (`satseq.actors.calls`):
+Recipes call `TeamRuntime` on a `StartedTeam`, over either kind of handle (`satseq.actors.calls`):
 
 - Ray (`RayCalls`): the handles are `LearnerActor`s and `RolloutActor`s; calls to several actors
   run in parallel, and a learner's weights reach the rollout actors through the object store
@@ -33,69 +33,40 @@ from satseq.actors.trajectory import (
     SamplingSpec,
     Trajectory,
 )
-from satseq.actors.weight_transfer import TransferBackend
 from satseq.cluster.engine_sleep import EngineSleep
 from satseq.cluster.stage_batch import StageBatch
+from satseq.cluster.started_team import LearnerFactory, StartedTeam, SyncSettings
 from satseq.cluster.weight_sync import WeightSync
 from satseq.data import MathProblem, PromptFormat, prompt_ids
-from satseq.models import is_adapter_dir, load_tokenizer, resolve_model_path
+from satseq.models import load_tokenizer
 from satseq.rewards import RewardScorer
 from satseq.sandbox.pool import SandboxPool
 
 
 class TeamRuntime:
-    """The team's learners (one per agent, in team order) and rollout workers, and the steps
-    recipes take on them (design §3 steps 2–6). Agents are indices into `agents`."""
+    """The steps recipes take on a started team's learners (one per agent, in team order) and
+    rollout workers (design §3 steps 2–6). Agents are indices into `team.agents`."""
 
     def __init__(
         self,
-        agents: list[str],
-        tokenizers: list,
+        team: StartedTeam,
+        calls: ActorCalls,
         prompt_format: PromptFormat,
         scorer: RewardScorer,
-        learners: list,
-        rollouts: list,
-        calls: ActorCalls,
-        sandbox: Any = None,
-        agent_paths: list[str] | None = None,
-        model_dirs: list[str] | None = None,
-        agent_dir: Callable[[int, str], str] | None = None,
-        start_learner: Callable[[int, str], Any] | None = None,
-        stop_learner: Callable[[Any], None] | None = None,
-        colocated: bool = False,
-        bucket_mb: float = 512.0,
-        weight_transfer: TransferBackend | None = None,
+        learner_factory: LearnerFactory | None = None,
+        sync: SyncSettings | None = None,
     ):
-        self.agents = agents
-        self.agent_paths = agent_paths or []
-        """Each agent's model as configured (`team.agents[i].path`, or a swap's `path`)."""
-        self.model_dirs = model_dirs or list(self.agent_paths)
-        """The directory each agent's learner and engines load (a LoRA agent's adapter)."""
-        self.agent_dir = agent_dir or (lambda i, path: str(resolve_model_path(path)))
-        """`agent_dir(i, path)`: that directory for agent i on `path`."""
-        self.start_learner = start_learner
-        """`start_learner(i, path)`: a fresh learner for agent i on the model at `path`."""
-        self.stop_learner = stop_learner
-        self.tokenizers = tokenizers
+        self.team = team
+        self.calls = calls
         self.prompt_format = prompt_format
         self.scorer = scorer
-        self.learners = learners
-        self.rollouts = rollouts
-        self.calls = calls
-        self.sandbox = sandbox
-        self.engines = EngineSleep(rollouts, calls, colocated)
-        self.weight_sync = WeightSync(
-            agents,
-            learners,
-            rollouts,
-            calls,
-            self.engines,
-            bucket_mb,
-            weight_transfer,
-            is_adapter=lambda i: is_adapter_dir(self.model_dirs[i]),
-        )
+        self.learner_factory = learner_factory
+        """Agent i's fresh learner for a swap (`replace_agent`); None: this team swaps none."""
+        sync = sync or SyncSettings()
+        self.engines = EngineSleep(team.rollouts, calls, sync.colocated)
+        self.weight_sync = WeightSync(team, calls, self.engines, sync)
         """`weight_sync.push(i)`: agent i's engines get its learner's current weights."""
-        self._spread = spread_requests(rollouts, calls)
+        self._spread = spread_requests(team.rollouts, calls)
         self.progress: dict[str, Any] = {"phase": "starting", "agent": None}
 
     # --- sampling ------------------------------------------------------------------------------
@@ -110,7 +81,7 @@ class TeamRuntime:
 
     def prompt_ids(self, agent: int, problem: MathProblem) -> list[int]:
         """Agent `agent`'s prompt for `problem` (its tokenizer's chat template)."""
-        return prompt_ids(self.tokenizers[agent], problem, self.prompt_format)
+        return prompt_ids(self.team.tokenizers[agent], problem, self.prompt_format)
 
     def sample(
         self, problems: list[MathProblem], owners: list[list[int]], spec: SamplingSpec
@@ -118,7 +89,7 @@ class TeamRuntime:
         """One scored trajectory per entry of owners[p] (the agent that answers problem p)."""
         return owner_rollouts(
             self.generate,
-            self.agents,
+            self.team.agents,
             lambda p, a: self.prompt_ids(a, problems[p]),
             owners,
             _references(problems),
@@ -136,7 +107,7 @@ class TeamRuntime:
         return chain_rollouts(
             self.generate,
             [self.prompt_ids(0, problem) for problem in problems],
-            self.agents,
+            self.team.agents,
             handoff_ids,
             group_size,
             spec,
@@ -148,7 +119,7 @@ class TeamRuntime:
     def _start_learner(self, i: int, method: Callable, *args: Any) -> Any:
         """Begin `Learner.<method>` on agent i's learner; colocated, the engines sleep first."""
         self.engines.set_awake(False)
-        return self.calls.start(self.learners[i], method, *args)
+        return self.calls.start(self.team.learners[i], method, *args)
 
     def call_learner(self, i: int, method: Callable, *args: Any) -> Any:
         """`Learner.<method>` on agent i's learner, waited for."""
@@ -159,7 +130,7 @@ class TeamRuntime:
         (0 elsewhere); only `rows` are filled when given."""
         N, T = batch.owner_ids.shape
         out = torch.zeros(N, T, device="cpu")  # learners return their log-probs on the CPU
-        rows_per_agent = [batch.rows_of(i, rows) for i in range(len(self.agents))]
+        rows_per_agent = [batch.rows_of(i, rows) for i in range(len(self.team.agents))]
         pending = {
             i: self._start_learner(i, Learner.logprobs, [batch.trajectories[r] for r in agent_rows])
             for i, agent_rows in enumerate(rows_per_agent)
@@ -208,7 +179,7 @@ class TeamRuntime:
         weights (queued behind the update on its learner, so it starts the moment the update
         ends). logp_cur None: on-policy, each learner's current weights are the behaviour policy
         (`Learner.update` takes their log-probs from its first forward pass)."""
-        n = len(self.agents)
+        n = len(self.team.agents)
         updates = [self._start_update(i, batch, rows[i], logp_cur, A, c) for i in range(n)]
         for i in range(n):  # each push streams as soon as its learner's update ends
             if self.weight_sync.weight_transfer is not None:  # engines wait in a broadcast
@@ -228,7 +199,8 @@ class TeamRuntime:
 
     def reset_learners(self) -> None:
         """Every learner back to its initial state (`Learner.reset`)."""
-        self.calls.wait([self._start_learner(i, Learner.reset) for i in range(len(self.learners))])
+        resets = [self._start_learner(i, Learner.reset) for i in range(len(self.team.agents))]
+        self.calls.wait(resets)
 
     # --- swapping an agent ----------------------------------------------------------------------
 
@@ -236,28 +208,31 @@ class TeamRuntime:
         """Agent i gets a fresh learner on the model at `path` (its own optimiser, β from the
         config) in place of its old one, which is stopped; the rollout engines rebuild agent
         i's engine on that model. The caller pushes the new learner's weights when it is done."""
-        resolved = self.agent_dir(i, path)
-        self.stop_learner(self.learners[i])
-        self.learners[i] = self.start_learner(i, path)
+        factory = self.learner_factory
+        if factory is None:
+            raise RuntimeError("this team was started without a learner factory: it swaps none")
+        resolved = factory.model_dir(i, path)
+        factory.stop(self.team.learners[i])
+        self.team.learners[i] = factory.start(i, path)
         self.call_learner(i, Learner.ready)
         self.calls.wait(
             [
-                self.calls.start(worker, RolloutWorker.replace_agent, self.agents[i], resolved)
-                for worker in self.rollouts
+                self.calls.start(worker, RolloutWorker.replace_agent, self.team.agents[i], resolved)
+                for worker in self.team.rollouts
             ]
         )
-        self.tokenizers[i] = load_tokenizer(resolved)
-        self.agent_paths[i] = path
-        self.model_dirs[i] = resolved
+        self.team.tokenizers[i] = load_tokenizer(resolved)
+        self.team.agent_paths[i] = path
+        self.team.model_dirs[i] = resolved
         self.weight_sync.forget(i)  # a new learner and new engines
 
     # --- what the stage reports ----------------------------------------------------------------
 
     def sandbox_statuses(self) -> dict[str, int] | None:
         """The sandbox pool's execution statuses so far (cumulative counts); None without."""
-        if self.sandbox is None:
+        if self.team.sandbox is None:
             return None
-        pool = self.calls.wait([self.calls.start(self.sandbox, SandboxPool.metrics)])[0]
+        pool = self.calls.wait([self.calls.start(self.team.sandbox, SandboxPool.metrics)])[0]
         return pool["statuses"]
 
     def set_progress(self, phase: str, agent: str | None = None) -> None:

@@ -84,10 +84,10 @@ def swap_agent(
     policy, or kept where the projection misses δ0 (steps 1–6 of the module's docstring);
     returns the swap/<agent>/ metrics."""
     rt, name = runtime, swap.agent
-    i = rt.agents.index(name)
+    i = rt.team.agents.index(name)
     check_same_tokenizer(
-        rt.tokenizers[i],
-        rt.agent_paths[i],
+        rt.team.tokenizers[i],
+        rt.team.agent_paths[i],
         load_tokenizer(resolve_model_path(swap.path)),
         swap.path,
     )
@@ -95,7 +95,7 @@ def swap_agent(
     owners = [[i] * swap.samples_per_prompt for _ in problems]
     trajectories = rt.sample(problems, owners, stage_sampling_spec(config, stage))
     current = rt.call_learner(i, Learner.policy_states, trajectories)
-    outgoing_path = rt.agent_paths[i]
+    outgoing_path = rt.team.agent_paths[i]
     swap_dir.mkdir(parents=True, exist_ok=True)
     outgoing_state = rt.call_learner(i, Learner.save_state, str(swap_dir / f"outgoing_{name}.pt"))
     rt.replace_agent(i, swap.path)
@@ -141,7 +141,7 @@ def apply_swaps(
     """Every swap due before `stage`, on the stage's prompts; their metrics. swap_dir: where an
     outgoing agent's state waits while its successor is projected."""
     metrics: dict[str, float] = {}
-    due = swaps_due(config, runtime.agent_paths, stage)
+    due = swaps_due(config, runtime.team.agent_paths, stage)
     if due:
         prompts = recipe.upcoming_prompts(stage)
         for swap in due:

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from itertools import count
 from typing import Any
 
 import ray
 
-from satseq.actors.calls import InProcessCalls, RayCalls
+from satseq.actors.calls import ActorCalls, InProcessCalls, RayCalls
 from satseq.actors.learner import Learner
 from satseq.actors.learner.actor import LearnerActor, LearnerHostActor
 from satseq.actors.learner.group import start_learner_group
@@ -18,6 +17,7 @@ from satseq.actors.learner.handle import learner_actors
 from satseq.actors.learner.host import HostedLearner
 from satseq.actors.learner.specs import LearnerSpec
 from satseq.actors.rollout import RolloutWorker
+from satseq.actors.weight_transfer import TransferBackend
 from satseq.cluster.faults import RESTARTED_ACTOR
 from satseq.cluster.learner_specs import (
     LearnerSettings,
@@ -27,9 +27,10 @@ from satseq.cluster.learner_specs import (
 )
 from satseq.cluster.placement import TeamPlacement, place_team
 from satseq.cluster.runtime import TeamRuntime
+from satseq.cluster.started_team import LearnerFactory, StartedTeam, SyncSettings
 from satseq.config import RunConfig
 from satseq.launch.actors import start_rollout_actors, start_sandbox_pool
-from satseq.launch.agent_models import agent_model_dir, agent_model_dirs
+from satseq.launch.agent_models import agent_model_dirs
 from satseq.launch.settings import engine_options, prompt_format, reward_scorer
 from satseq.models import load_tokenizer
 
@@ -54,7 +55,8 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
         if config.rollout.tools.enabled
         else None
     )
-    learners, start_learner = _start_learners(config, settings, agents, placement, hosts)
+    factory = RayLearners(config, settings, placement)
+    learners = factory.start_all(hosts)
     rollouts = start_rollout_actors(
         config,
         dict(zip(agents, model_paths, strict=True)),
@@ -64,79 +66,95 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
         weight_transfer=weight_transfer,
     )
     RayCalls().wait([learner.ready.remote() for learner in learners])
-    return _runtime(
-        config,
-        agents,
-        model_paths,
-        learners,
-        rollouts,
-        RayCalls(),
-        sandbox,
-        weight_transfer=weight_transfer,
-        start_learner=start_learner,
-        stop_learner=_stop_learner,
-    )
+    return _runtime(config, learners, rollouts, RayCalls(), factory, sandbox, weight_transfer)
 
 
-def _start_learners(
-    config: RunConfig,
-    settings: LearnerSettings,
-    agents: list[str],
-    placement: TeamPlacement,
-    hosts: list[list[int]],
-) -> tuple[list[Any], Callable[..., Any]]:
-    """Every agent's learner, started: a `LearnerActor` (or W ranks) per process of `hosts` that
-    holds one agent, a `LearnerHostActor` per process that holds several; and
-    `start_learner(i, path)`, which starts agent i's learner anew (a swap)."""
-    generation = count()  # a swapped-in learner's actor gets a name of its own
+class RayLearners(LearnerFactory):
+    """Agents' learners as Ray actors in the run's placement group: a `LearnerActor` (or a
+    `LearnerGroup` of W sharded ranks) for an agent with a process of its own, a
+    `LearnerHostActor` for a process of `learner_specs.learner_hosts` that holds several. Ray
+    restarts any of them that dies."""
 
-    def spec(i: int, path: str | None = None) -> LearnerSpec:
-        threads = placement.learner_threads(i)
-        model_dir = agent_model_dir(config, i, path)
-        return learner_spec(config, i, settings, placement.learner_device, threads, model_dir)
+    def __init__(self, config: RunConfig, settings: LearnerSettings, placement: TeamPlacement):
+        super().__init__(config)
+        self.settings = settings
+        self.placement = placement
+        self.hosts: dict[int, Any] = {}
+        """Agent → the `LearnerHostActor` that holds its learner (agents of a shared host)."""
+        self._swaps = count()  # a swapped-in learner's actor gets a name of its own
 
-    hosts_of: dict[int, Any] = {}  # agent → the `LearnerHostActor` that holds its learner
+    def start_all(self, hosts: list[list[int]]) -> list[Any]:
+        """Every agent's learner, in team order: one process of `hosts` each."""
+        agents = [agent.name for agent in self.config.team.agents]
+        learners: list[Any] = [None] * len(agents)
+        for held in hosts:
+            if len(held) == 1:
+                learners[held[0]] = self.start(held[0])
+                continue
+            name = "satseq-learners-" + "-".join(agents[i] for i in held)
+            options = self.placement.learner_options(held[0]) | RESTARTED_ACTOR
+            host = LearnerHostActor.options(name=name, **options).remote(
+                [self._spec(i) for i in held]
+            )
+            for i in held:
+                self.hosts[i] = host
+                learners[i] = HostedLearner(host, i)
+        return learners
 
-    def start_learner(i: int, path: str | None = None):
+    def start(self, i: int, path: str | None = None) -> Any:
         """Agent i's `LearnerActor`, its `LearnerGroup` of W sharded ranks, or its learner in
         its host (a swapped-in learner takes its predecessor's place there)."""
-        if i in hosts_of:
-            ray.get(hosts_of[i].add.remote(spec(i, path)))
-            return HostedLearner(hosts_of[i], i)
-        name = f"satseq-learner-{agents[i]}" + ("" if path is None else f"-{next(generation)}")
-        agent_spec = spec(i, path)
-        if agent_spec.workers == 1:
-            options = placement.learner_options(i) | RESTARTED_ACTOR
-            return LearnerActor.options(name=name, **options).remote(agent_spec)
+        if i in self.hosts:
+            ray.get(self.hosts[i].add.remote(self._spec(i, path)))
+            return HostedLearner(self.hosts[i], i)
+        agent = self.config.team.agents[i].name
+        name = f"satseq-learner-{agent}" + ("" if path is None else f"-{next(self._swaps)}")
+        spec = self._spec(i, path)
+        if spec.workers == 1:
+            options = self.placement.learner_options(i) | RESTARTED_ACTOR
+            return LearnerActor.options(name=name, **options).remote(spec)
         return start_learner_group(
-            agent_spec,
+            spec,
             [
-                {"name": f"{name}-rank{r}"} | placement.learner_options(i, r) | RESTARTED_ACTOR
-                for r in range(agent_spec.workers)
+                {"name": f"{name}-rank{r}"} | self.placement.learner_options(i, r) | RESTARTED_ACTOR
+                for r in range(spec.workers)
             ],
         )
 
-    learners: list[Any] = [None] * len(agents)
-    for held in hosts:
-        if len(held) == 1:
-            learners[held[0]] = start_learner(held[0])
-            continue
-        name = "satseq-learners-" + "-".join(agents[i] for i in held)
-        options = placement.learner_options(held[0]) | RESTARTED_ACTOR
-        host = LearnerHostActor.options(name=name, **options).remote([spec(i) for i in held])
-        for i in held:
-            hosts_of[i] = host
-            learners[i] = HostedLearner(host, i)
-    return learners, start_learner
+    def stop(self, learner: Any) -> None:
+        """Kill a learner's actors; a hosted learner leaves its host, which stays for the
+        others."""
+        if isinstance(learner, HostedLearner):
+            ray.get(learner.host.drop.remote(learner.agent))
+            return
+        for actor in learner_actors(learner):
+            ray.kill(actor, no_restart=True)
+
+    def _spec(self, i: int, path: str | None = None) -> LearnerSpec:
+        placement = self.placement
+        return learner_spec(
+            self.config,
+            i,
+            self.settings,
+            placement.learner_device,
+            placement.learner_threads(i),
+            self.model_dir(i, path),
+        )
 
 
-def _stop_learner(learner: Any) -> None:
-    """Kill a learner's actors; a hosted learner leaves its host, which stays for the others."""
-    if isinstance(learner, HostedLearner):
-        ray.get(learner.host.drop.remote(learner.agent))
-        return
-    for actor in learner_actors(learner):
-        ray.kill(actor, no_restart=True)
+class InProcessLearners(LearnerFactory):
+    """Agents' learners as plain `Learner`s in this process, on the CPU, one thread each."""
+
+    def __init__(self, config: RunConfig, settings: LearnerSettings):
+        super().__init__(config)
+        self.settings = settings
+
+    def start(self, i: int, path: str | None = None) -> Learner:
+        model_path = self.model_dir(i, path)
+        return Learner(learner_spec(self.config, i, self.settings, "cpu", 1, model_path=model_path))
+
+    def stop(self, learner: Any) -> None:
+        """Nothing to stop: a replaced learner is garbage-collected."""
 
 
 def start_in_process(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
@@ -149,12 +167,8 @@ def start_in_process(config: RunConfig, settings: LearnerSettings) -> TeamRuntim
             "the in-process runtime runs one learner per agent: set trainer.workers_per_agent=1"
         )
     agents, model_paths = _team(config)
-
-    def start_learner(i: int, path: str | None = None) -> Learner:
-        model_dir = agent_model_dir(config, i, path)
-        return Learner(learner_spec(config, i, settings, "cpu", 1, model_path=model_dir))
-
-    learners = [start_learner(i) for i in range(len(agents))]
+    factory = InProcessLearners(config, settings)
+    learners = [factory.start(i) for i in range(len(agents))]
     worker = RolloutWorker(
         dict(zip(agents, model_paths, strict=True)),
         config.rollout.engine,
@@ -162,16 +176,7 @@ def start_in_process(config: RunConfig, settings: LearnerSettings) -> TeamRuntim
         config.trainer.seed,
         scorer=reward_scorer(config),
     )
-    return _runtime(
-        config,
-        agents,
-        model_paths,
-        learners,
-        [worker],
-        InProcessCalls(),
-        start_learner=start_learner,
-        stop_learner=lambda learner: None,  # garbage-collected once replaced
-    )
+    return _runtime(config, learners, [worker], InProcessCalls(), factory)
 
 
 def _team(config: RunConfig) -> tuple[list[str], list[str]]:
@@ -181,30 +186,25 @@ def _team(config: RunConfig) -> tuple[list[str], list[str]]:
 
 
 def _runtime(
-    config,
-    agents,
-    model_paths,
-    learners,
-    rollouts,
-    calls,
-    sandbox=None,
-    weight_transfer=None,
-    **learner_factory,
+    config: RunConfig,
+    learners: list[Any],
+    rollouts: list[Any],
+    calls: ActorCalls,
+    factory: LearnerFactory,
+    sandbox: Any = None,
+    weight_transfer: TransferBackend | None = None,
 ) -> TeamRuntime:
-    return TeamRuntime(
+    agents, model_paths = _team(config)
+    team = StartedTeam(
         agents,
+        [agent.path for agent in config.team.agents],
+        model_paths,
         [load_tokenizer(path) for path in model_paths],
-        prompt_format(config),
-        reward_scorer(config),
         learners,
         rollouts,
-        calls,
-        sandbox=sandbox,
-        agent_paths=[agent.path for agent in config.team.agents],
-        model_dirs=model_paths,
-        agent_dir=lambda i, path: agent_model_dir(config, i, path),
-        colocated=config.engines_share_devices,
-        bucket_mb=config.rollout.weight_sync_bucket_mb,
-        weight_transfer=weight_transfer,
-        **learner_factory,
+        sandbox,
     )
+    sync = SyncSettings(
+        config.engines_share_devices, config.rollout.weight_sync_bucket_mb, weight_transfer
+    )
+    return TeamRuntime(team, calls, prompt_format(config), reward_scorer(config), factory, sync)

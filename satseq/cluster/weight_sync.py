@@ -8,24 +8,19 @@ engines install as a new adapter version (design §12).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
 
 from satseq.actors.calls import ActorCalls
 from satseq.actors.learner import Learner
 from satseq.actors.rollout import RolloutWorker
-from satseq.actors.weight_transfer import (
-    TensorSpec,
-    TransferBackend,
-    TransferEndpoint,
-    update_info,
-)
+from satseq.actors.weight_transfer import TensorSpec, TransferEndpoint, update_info
 from satseq.cluster.engine_sleep import EngineSleep
 from satseq.cluster.faults import ACTOR_LOSS
+from satseq.cluster.started_team import StartedTeam, SyncSettings
+from satseq.models import is_adapter_dir
 
 
 class WeightSync:
-    """Pushes an agent's weights from its learner (`learners[i]`, which a swap replaces in
+    """Pushes an agent's weights from its learner (`team.learners[i]`, which a swap replaces in
     place) to the rollout workers' engines, and keeps what a collective needs between pushes:
     each agent's manifest once its learner and the engines formed their group.
 
@@ -34,26 +29,14 @@ class WeightSync:
     order, at the version boundary."""
 
     def __init__(
-        self,
-        agents: list[str],
-        learners: list[Any],
-        rollouts: list[Any],
-        calls: ActorCalls,
-        engines: EngineSleep,
-        bucket_mb: float = 512.0,
-        weight_transfer: TransferBackend | None = None,
-        is_adapter: Callable[[int], bool] = lambda i: False,
+        self, team: StartedTeam, calls: ActorCalls, engines: EngineSleep, settings: SyncSettings
     ):
-        self.agents = agents
-        self.learners = learners
-        self.rollouts = rollouts
+        self.team = team
         self.calls = calls
         self.engines = engines
-        self.bucket_mb = bucket_mb
-        self.weight_transfer = weight_transfer
+        self.bucket_mb = settings.bucket_mb
+        self.weight_transfer = settings.weight_transfer
         """The collective's backend of a collective weight sync; None: the object store."""
-        self.is_adapter = is_adapter
-        """Is agent i a LoRA adapter now (a swap can change it)."""
         self.manifests: dict[int, list[TensorSpec]] = {}
         """Agent i's weight manifest, once its learner and the engines formed their group."""
         self.seconds = 0.0
@@ -64,7 +47,7 @@ class WeightSync:
         """Agent i's rollout engines get its learner's current weights (deferred: at `flush`)."""
         if self.deferred is not None:
             self.deferred.add(i)
-        elif self.weight_transfer is not None and not self.is_adapter(i):
+        elif self.weight_transfer is not None and not is_adapter_dir(self.team.model_dirs[i]):
             self._broadcast(i)
         else:
             self._stream(i)
@@ -84,7 +67,7 @@ class WeightSync:
         """Every agent's learner weights to the engines, at once (after a restore); pushes a
         failed stage deferred are part of it."""
         self.deferred = None
-        for i in range(len(self.agents)):
+        for i in range(len(self.team.agents)):
             self.push(i)
 
     def forget(self, i: int | None = None) -> None:
@@ -108,10 +91,10 @@ class WeightSync:
         manifest = self.manifests.get(i) or self._open_transfer(i)
         info = update_info(manifest)
         pending = [
-            calls.start(worker, RolloutWorker.receive_weights, self.agents[i], info)
-            for worker in self.rollouts
+            calls.start(worker, RolloutWorker.receive_weights, self.team.agents[i], info)
+            for worker in self.team.rollouts
         ]
-        pending.append(calls.start(self.learners[i], Learner.send_weights, manifest))
+        pending.append(calls.start(self.team.learners[i], Learner.send_weights, manifest))
         results, errors = [], []
         for call in pending:
             try:
@@ -126,14 +109,14 @@ class WeightSync:
     def _open_transfer(self, i: int) -> list[TensorSpec]:
         """Agent i's learner (rank 0 at rank 0) and each rollout actor's engine for agent i (at
         ranks 1, 2, ...) form a group; returns the manifest of what the learner sends."""
-        calls, learner = self.calls, self.learners[i]
+        calls, learner = self.calls, self.team.learners[i]
         self.engines.set_awake(False)
         address = calls.wait([calls.start(learner, Learner.free_address)])[0]
         host, port = address.rsplit(":", 1)
         endpoint = TransferEndpoint(
             host,
             int(port),
-            1 + len(self.rollouts),
+            1 + len(self.team.rollouts),
             self.weight_transfer,
             int(self.bucket_mb * 2**20),
         )
@@ -141,10 +124,10 @@ class WeightSync:
             calls.start(
                 worker,
                 RolloutWorker.init_weight_transfer,
-                self.agents[i],
+                self.team.agents[i],
                 endpoint.worker_init_info(1 + j),
             )
-            for j, worker in enumerate(self.rollouts)
+            for j, worker in enumerate(self.team.rollouts)
         ]
         joins.append(calls.start(learner, Learner.open_weight_transfer, endpoint))
         calls.wait(joins)
@@ -159,13 +142,13 @@ class WeightSync:
         self.engines.set_awake(False)
         loading: list = []
         started = None  # the first bucket: the learner's queued work (an update) is done
-        buckets = calls.stream(self.learners[i], Learner.weight_buckets, self.bucket_mb)
+        buckets = calls.stream(self.team.learners[i], Learner.weight_buckets, self.bucket_mb)
         for bucket in buckets:
             started = started or time.perf_counter()
             calls.wait(loading)
             loading = [
-                calls.start(worker, RolloutWorker.load_weights, self.agents[i], bucket)
-                for worker in self.rollouts
+                calls.start(worker, RolloutWorker.load_weights, self.team.agents[i], bucket)
+                for worker in self.team.rollouts
             ]
         calls.wait(loading)
         self.seconds += time.perf_counter() - (started or time.perf_counter())

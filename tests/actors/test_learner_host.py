@@ -1,7 +1,8 @@
 """The LoRA learners of one base in one process (`LearnerHost`, design §12): each hosted
 learner steps, saves and resumes exactly as it would alone (its own random stream), and on Ray
 each agent's `HostedLearner` is called as its own learner actor would be: calls, streamed
-weights, the actor fault handling watches, a swap in place."""
+weights, the actor fault handling watches, a swap in place, and a team's swap on Ray
+(`satseq.cluster.team.RayLearners`)."""
 
 import dataclasses
 
@@ -13,6 +14,15 @@ from satseq.actors.learner import Learner, LearnerSpec, OptimizerSpec, TrustRegi
 from satseq.actors.learner.actor import LearnerHostActor
 from satseq.actors.learner.handle import learner_actors
 from satseq.actors.learner.host import HostedLearner, LearnerHost
+from satseq.algo.masks import NO_OWNER
+from satseq.cluster.recipes import RECIPES
+from satseq.cluster.recipes.base import stage_sampling_spec
+from satseq.cluster.swap import swap_agent
+from satseq.cluster.team import start_on_ray
+from satseq.cluster.training_data import training_problems
+from satseq.config import QUICKSTART, load_config
+from satseq.config.team import SwapConfig
+from satseq.models import is_adapter_dir, resolve_model_path
 from satseq.models.adapters import LoraSpec, initial_adapter
 from tests.actors.test_learner import trajectories
 
@@ -116,3 +126,32 @@ def test_a_hosted_learner_is_called_on_ray_as_its_own_actor(ray_cluster, specs):
         calls.wait([handles[1].incarnation.remote(), host.incarnation.remote()])[0]
         == (calls.wait([host.incarnation.remote()])[0])
     )
+
+
+def test_the_team_on_ray_swaps_a_hosted_agent_for_a_full_model_and_back(
+    ray_cluster, builtin_models, tmp_path
+):
+    """`RayLearners`, as `satseq train` starts them: two LoRA agents of one base share a host
+    actor; a swap gives agent a1 a full model in that host, then an adapter again, and the
+    engines answer as agent a1 on each."""
+    model = load_config(QUICKSTART).team.agents[0].path
+    agents = f"[{{name: a0, path: '{model}'}}, {{name: a1, path: '{model}'}}]"
+    overrides = [f"team.agents={agents}", "trainer.lora.rank=8", "trainer.batch_size=2"]
+    config = load_config(QUICKSTART, [*overrides, "rollout.max_new_tokens=16"])
+    runtime = start_on_ray(config, RECIPES["sat_seq"].learner_settings(config))
+    host = runtime.team.learners[0].host
+    assert [learner.host for learner in runtime.team.learners] == [host, host]
+    problems = training_problems(config)[:2]
+    a0_adapter = runtime.call_learner(0, Learner.save_pretrained, str(tmp_path / "a0"))
+    for path, lora in ((str(resolve_model_path(model)), False), (a0_adapter, True)):
+        swap = SwapConfig(
+            agent="a1", path=path, at_stage=0, delta0=10.0, max_steps=2, samples_per_prompt=1
+        )
+        metrics = swap_agent(runtime, config, swap, problems, 0, tmp_path / "swaps")
+        assert metrics["swap/a1/swapped"] == 1
+        assert runtime.team.learners[1].host == host  # its predecessor's place in the host
+        assert is_adapter_dir(runtime.team.model_dirs[1]) == lora
+        weights = runtime.call_learner(1, Learner.weights)
+        assert all((".lora_" in name) == lora for name in weights)
+    (sample,) = runtime.sample(problems[:1], [[1]], stage_sampling_spec(config, 0))
+    assert sample.response_ids and set(sample.owner_ids) <= {1, NO_OWNER}

@@ -32,6 +32,7 @@ from satseq.actors.weight_transfer import (
     receive_buckets,
 )
 from satseq.cluster.runtime import TeamRuntime
+from satseq.cluster.started_team import StartedTeam, SyncSettings
 from satseq.data import DEFAULT_PROMPT_FORMAT
 from satseq.models import load_tokenizer
 from satseq.rewards import RewardScorer
@@ -141,18 +142,11 @@ def team(ray_cluster, raw_tiny_model):
     tokenizer = load_tokenizer(raw_tiny_model)
 
     def runtime(weight_transfer):
-        return TeamRuntime(
-            ["a0"],
-            [tokenizer],
-            DEFAULT_PROMPT_FORMAT,
-            RewardScorer(),
-            [learner],
-            rollouts,
-            RayCalls(),
-            agent_paths=[raw_tiny_model],
-            bucket_mb=BUCKET_MB,
-            weight_transfer=weight_transfer,
+        team = StartedTeam(
+            ["a0"], [raw_tiny_model], [raw_tiny_model], [tokenizer], [learner], rollouts
         )
+        sync = SyncSettings(bucket_mb=BUCKET_MB, weight_transfer=weight_transfer)
+        return TeamRuntime(team, RayCalls(), DEFAULT_PROMPT_FORMAT, RewardScorer(), sync=sync)
 
     return {
         "learner": learner,

@@ -28,10 +28,10 @@ SATSEQ = str(Path(sys.executable).parent / "satseq")
 
 def assert_engines_score_as_the_learners(runtime, batch):
     """Each agent's engine gives its learner's log-probs of `batch` (its push arrived)."""
-    (worker,) = runtime.rollouts
+    (worker,) = runtime.team.rollouts
     sequences = [t.prompt_ids + t.response_ids for t in batch]
     starts = [len(t.prompt_ids) for t in batch]
-    for name, learner in zip(runtime.agents, runtime.learners, strict=True):
+    for name, learner in zip(runtime.team.agents, runtime.team.learners, strict=True):
         expected = learner.logprobs(batch)
         scored = worker.engines[name].prompt_logprobs(sequences, starts)
         for row, values in enumerate(scored):
@@ -47,15 +47,15 @@ def test_a_team_of_lora_and_full_agents_trains_and_its_engines_hold_every_push(q
     runtime, _, result = one_stage(
         quickstart_model, "sat_seq", 3, "trainer.lora.rank=8", "team.agents.2.lora=false"
     )
-    assert [is_adapter_dir(d) for d in runtime.model_dirs] == [True, True, False]
-    (worker,) = runtime.rollouts
+    assert [is_adapter_dir(d) for d in runtime.team.model_dirs] == [True, True, False]
+    (worker,) = runtime.team.rollouts
     assert worker.engines["a0"].shared is worker.engines["a1"].shared  # one engine, one base
     assert not isinstance(worker.engines["a2"], LoraAgentEngine)
     assert sorted(args[0] for _, args, _ in runtime.called("update")) == [0, 1, 2]
-    assert all(result.metrics[f"accepted/{name}"] == 1 for name in runtime.agents)
-    adapter = runtime.learners[0].weights()
+    assert all(result.metrics[f"accepted/{name}"] == 1 for name in runtime.team.agents)
+    adapter = runtime.team.learners[0].weights()
     assert all(".lora_" in name for name in adapter)
-    full = runtime.learners[2].weights()  # a full model: every weight
+    full = runtime.team.learners[2].weights()  # a full model: every weight
     assert not any(".lora_" in name for name in full)
     assert sum(t.numel() for t in full.values()) > sum(t.numel() for t in adapter.values())
     (_, (stage_batch, *_), _) = runtime.called("logprobs")[0]
@@ -75,19 +75,19 @@ def test_a_lora_agent_swaps_to_a_full_model_and_back_to_an_adapter(quickstart_mo
     )
     runtime = start_in_process(config, RECIPES["sat_seq"].learner_settings(config))
     problems = training_problems(config)[:2]
-    a0_adapter = runtime.learners[0].save_pretrained(str(tmp_path / "a0_adapter"))
+    a0_adapter = runtime.team.learners[0].save_pretrained(str(tmp_path / "a0_adapter"))
     full = str(resolve_model_path(quickstart_model))
-    (worker,) = runtime.rollouts
+    (worker,) = runtime.team.rollouts
     for path, lora in ((full, False), (a0_adapter, True)):
         swap = SwapConfig(
             agent="a1", path=path, at_stage=0, delta0=10.0, max_steps=2, samples_per_prompt=1
         )
         metrics = swap_agent(runtime, config, swap, problems, 0, tmp_path / "swaps")
         assert metrics["swap/a1/swapped"] == 1 and metrics["swap/a1/budget_met"] == 1
-        assert runtime.agent_paths[1] == path
-        assert is_adapter_dir(runtime.model_dirs[1]) == lora
+        assert runtime.team.agent_paths[1] == path
+        assert is_adapter_dir(runtime.team.model_dirs[1]) == lora
         assert isinstance(worker.engines["a1"], LoraAgentEngine) == lora
-        assert all((".lora_" in name) == lora for name in runtime.learners[1].weights())
+        assert all((".lora_" in name) == lora for name in runtime.team.learners[1].weights())
     assert worker.engines["a1"].shared is worker.engines["a0"].shared  # back on the one engine
     samples = runtime.sample(problems, [[1]], stage_sampling_spec(config, 0))
     assert_engines_score_as_the_learners(runtime, samples)

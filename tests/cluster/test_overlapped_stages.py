@@ -87,7 +87,7 @@ def test_with_the_correction_off_k_0_is_the_synchronous_stage_bit_for_bit(quicks
 
     assert shared(sync.metrics) == shared(overlapped.metrics)
     assert sync.certificate == overlapped.certificate
-    for a, b in zip(sync_rt.learners, overlapped_rt.learners, strict=True):
+    for a, b in zip(sync_rt.team.learners, overlapped_rt.team.learners, strict=True):
         weights_a, weights_b = a.weights(), b.weights()
         assert all(torch.equal(weights_a[name], weights_b[name]) for name in weights_a)
 

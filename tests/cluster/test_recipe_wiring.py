@@ -84,8 +84,8 @@ def _problems(config):
 
 
 def assert_engines_hold_the_learners_weights(runtime: RecordingRuntime):
-    (worker,) = runtime.rollouts
-    for name, learner in zip(runtime.agents, runtime.learners, strict=True):
+    (worker,) = runtime.team.rollouts
+    for name, learner in zip(runtime.team.agents, runtime.team.learners, strict=True):
         engine_weights = worker.engines[name].model.state_dict()
         for key, tensor in learner.weights().items():
             assert torch.equal(engine_weights[key], tensor), f"{name}: {key} was not pushed"
@@ -217,10 +217,11 @@ def test_colocated_engines_sleep_while_learners_work_and_take_pushed_weights_on_
     runtime, _, result = one_stage(
         quickstart_model, "sat_seq", 2, "sat_seq.scheduler=static", offload
     )
-    (worker,) = runtime.rollouts
+    (worker,) = runtime.team.rollouts
     # the stage ended on learner calls: the engines sleep, holding every pushed update for later
     assert worker.asleep and sorted(worker.pending_weights) == ["a0", "a1"]
-    for learner in runtime.learners:  # an offloading one: offloaded at start and after its update
+    # an offloading learner: offloaded at start and after its update
+    for learner in runtime.team.learners:
         if learner.spec.offload == "none":
             continue
         stats = learner.policy.residency.stats

@@ -39,16 +39,16 @@ def run_with_swap(incoming: str, delta0: float, max_steps: int, swap_dir, **swap
     problems = training_problems(config)
     recipe = recipe_class(config, runtime, problems)
     recipe.run_stage(0)
-    outgoing = runtime.learners[1]
+    outgoing = runtime.team.learners[1]
     assert apply_swaps(runtime, config, recipe, 0, swap_dir) == {}  # none due before stage 0
     metrics = apply_swaps(runtime, config, recipe, 1, swap_dir)
     return config, runtime, recipe, outgoing, metrics
 
 
 def assert_engine_holds_learner_weights(runtime, i):
-    (worker,) = runtime.rollouts
-    engine_weights = worker.engines[runtime.agents[i]].model.state_dict()
-    for key, tensor in runtime.learners[i].weights().items():
+    (worker,) = runtime.team.rollouts
+    engine_weights = worker.engines[runtime.team.agents[i]].model.state_dict()
+    for key, tensor in runtime.team.learners[i].weights().items():
         assert torch.equal(engine_weights[key], tensor), f"{key} was not pushed"
 
 
@@ -57,10 +57,10 @@ def test_swap_at_stage_1_replaces_the_learner_and_meets_delta0(raw_tiny_model, t
     config, runtime, recipe, outgoing, metrics = run_with_swap(
         raw_tiny_model, delta0, 200, tmp_path
     )
-    incoming = runtime.learners[1]
-    assert incoming is not outgoing and runtime.learners[0] is not incoming
+    incoming = runtime.team.learners[1]
+    assert incoming is not outgoing and runtime.team.learners[0] is not incoming
     assert incoming.spec.model_path == raw_tiny_model
-    assert runtime.agent_paths == ["builtin:tiny", raw_tiny_model]
+    assert runtime.team.agent_paths == ["builtin:tiny", raw_tiny_model]
     assert incoming.region.beta == config.algorithm.kl_ctrl.kl_coef  # β reset to the config's
     assert not incoming.policy.optimizer.state  # its training optimiser is fresh
     # the raw model is far from the warm-started a1: the projection had to act
@@ -83,8 +83,8 @@ def test_a_missed_budget_keeps_the_outgoing_agent_and_retries_at_the_next_stage(
     assert metrics["swap/a1/swapped"] == 0
     assert 0.5 < metrics["swap/a1/kl"] < metrics["swap/a1/kl_before"]
     # a1 is its outgoing self again: its model, its weights, β and optimiser state
-    assert runtime.agent_paths == ["builtin:tiny", "builtin:tiny"]
-    kept = runtime.learners[1]
+    assert runtime.team.agent_paths == ["builtin:tiny", "builtin:tiny"]
+    kept = runtime.team.learners[1]
     assert kept.region.beta == outgoing.region.beta
     for name, tensor in outgoing.weights().items():
         assert torch.equal(kept.weights()[name], tensor), name
@@ -105,15 +105,15 @@ def test_on_budget_missed_keep_goes_on_with_the_incoming_agent(raw_tiny_model, t
         raw_tiny_model, 0.5, 3, tmp_path, on_budget_missed="keep"
     )
     assert metrics["swap/a1/budget_met"] == 0 and metrics["swap/a1/swapped"] == 1
-    assert runtime.agent_paths == ["builtin:tiny", raw_tiny_model]
+    assert runtime.team.agent_paths == ["builtin:tiny", raw_tiny_model]
 
 
 def test_a_budget_pi_pre_meets_is_taken_as_it_is(raw_tiny_model, tmp_path):
     _, runtime, _, _, metrics = run_with_swap(raw_tiny_model, 1e6, 60, tmp_path)
     assert metrics["swap/a1/lambda"] == 0.0 and metrics["swap/a1/steps"] == 0
-    raw = runtime.start_learner(1, raw_tiny_model)
+    raw = runtime.learner_factory.start(1, raw_tiny_model)
     for key, tensor in raw.weights().items():  # no projection: the incoming model unchanged
-        assert torch.equal(runtime.learners[1].weights()[key], tensor)
+        assert torch.equal(runtime.team.learners[1].weights()[key], tensor)
 
 
 def test_a_different_tokenizer_is_refused_naming_both_models():

@@ -50,7 +50,7 @@ class GrpoRecipe(Recipe):
 
     def run_stage(self, k: int) -> StageResult:
         rt, cfg = self.runtime, self.config
-        G, n_agents = cfg.grpo.group_size, len(rt.agents)
+        G, n_agents = cfg.grpo.group_size, len(rt.team.agents)
         timings: dict[str, float] = {}
         clock = time.perf_counter()
 
@@ -90,7 +90,7 @@ class GrpoRecipe(Recipe):
         lap(timings, "time/boundary", clock)
 
         per_agent = {
-            name: update_metrics(stats) for name, stats in zip(rt.agents, results, strict=True)
+            name: update_metrics(stats) for name, stats in zip(rt.team.agents, results, strict=True)
         }
         metrics = {
             **stage_metrics(rt, batch, per_agent),
@@ -117,14 +117,14 @@ class GrpoRecipe(Recipe):
                 problems, replace(plan.spec, seed=round_seed(plan.spec.seed, r))
             ),
             lambda n: [self.problems[i] for i in self.cursor.next(n)],
-            self.config.grpo.group_size * len(self.runtime.agents),
+            self.config.grpo.group_size * len(self.runtime.team.agents),
             dynamic.max_rounds,
             group_size=self.config.grpo.group_size,  # an agent's G answers are its own group
         )
         return sampled.trajectories, sampled.metrics
 
     def _rollouts(self, problems: list[MathProblem], spec: SamplingSpec) -> list[Trajectory]:
-        G, n_agents = self.config.grpo.group_size, len(self.runtime.agents)
+        G, n_agents = self.config.grpo.group_size, len(self.runtime.team.agents)
         prompts = [p for p in problems for _ in range(n_agents)]
         owners = [[a] * G for _ in problems for a in range(n_agents)]
         return self.runtime.sample(prompts, owners, spec)

@@ -60,11 +60,11 @@ class SatSeqRecipe(Recipe):
     def __init__(self, config: RunConfig, runtime: TeamRuntime, problems: list[MathProblem]):
         super().__init__(config, runtime, problems)
         self.scheduler = AgentScheduler(
-            runtime.agents, mode=config.sat_seq.scheduler, seed=config.trainer.seed
+            runtime.team.agents, mode=config.sat_seq.scheduler, seed=config.trainer.seed
         )
-        tokenizer = runtime.tokenizers[0]
+        tokenizer = runtime.team.tokenizers[0]
         chain = config.team.topology == "chain"
-        if chain and any(t.get_vocab() != tokenizer.get_vocab() for t in runtime.tokenizers):
+        if chain and any(t.get_vocab() != tokenizer.get_vocab() for t in runtime.team.tokenizers):
             raise ValueError("team.topology 'chain' needs agents that share one tokenizer")
         # chain: the tokens that hand the sequence to agent k, its role as a user turn
         self.handoffs = [
@@ -97,7 +97,7 @@ class SatSeqRecipe(Recipe):
     def run_stage(self, k: int) -> StageResult:
         """design §3 steps 1–7 for stage k."""
         rt, cfg = self.runtime, self.config
-        agents = rt.agents
+        agents = rt.team.agents
         timings: dict[str, float] = {}
         clock = time.perf_counter()
 
@@ -248,7 +248,7 @@ class SatSeqRecipe(Recipe):
         if cfg.team.topology == "chain":
             return rt.sample_chains(problems, self.handoffs, G, spec)
         offset = plan.stage * cfg.trainer.batch_size + first
-        owners = mixture_assignment(len(problems), G, len(rt.agents), offset)
+        owners = mixture_assignment(len(problems), G, len(rt.team.agents), offset)
         return rt.sample(problems, owners, spec)
 
     def _gae_advantages(
@@ -298,7 +298,7 @@ class SatSeqRecipe(Recipe):
         held_out = HeldOut(batch, logp_from, self.runtime.logprobs(batch, holdout))
         G, b = self.config.sat_seq.group_size, self.baseline_reward
         for k, i in enumerate(order):
-            name = self.runtime.agents[i]
+            name = self.runtime.team.agents[i]
             per_agent[name] |= agent_certificate(self.config, held_out, i, order[:k], G, b)
         bound = team_certificate(self.config, held_out, len(order), b)
         if rollouts.staleness > 0:  # the pair: π_new against the older team that sampled them

@@ -48,7 +48,7 @@ class SpoRecipe(Recipe):
         self.tracker = BetaTracker(spo.rho, spo.rho_min, spo.rho_max, spo.d_half)
         self.problem_of: dict[Key, Any] = {}
         self.keys: list[list[Key]] = []  # per agent, in data order
-        for name in runtime.agents:
+        for name in runtime.team.agents:
             keys = []
             for problem in problems:
                 key = (name, problem.problem)
@@ -58,7 +58,7 @@ class SpoRecipe(Recipe):
                 self.problem_of[key] = problem
                 keys.append(key)
             self.keys.append(keys)
-        self.prompts_without_prior = self.tracker.n_without_prior // len(runtime.agents)
+        self.prompts_without_prior = self.tracker.n_without_prior // len(runtime.team.agents)
         if self.prompts_without_prior:
             logger.warning(
                 "spo: %d of %d prompts have no offline scores (prior alpha = beta = 0.5); "
@@ -90,7 +90,7 @@ class SpoRecipe(Recipe):
 
     def run_stage(self, k: int) -> StageResult:
         rt, B = self.runtime, self.config.trainer.batch_size
-        n_agents = len(rt.agents)
+        n_agents = len(rt.team.agents)
         timings: dict[str, float] = {}
         clock = time.perf_counter()
 
@@ -139,7 +139,7 @@ class SpoRecipe(Recipe):
         lap(timings, "time/boundary", clock)
 
         per_agent = {
-            name: update_metrics(stats) for name, stats in zip(rt.agents, results, strict=True)
+            name: update_metrics(stats) for name, stats in zip(rt.team.agents, results, strict=True)
         }
         metrics = {
             **stage_metrics(rt, batch, per_agent),
@@ -155,7 +155,7 @@ class SpoRecipe(Recipe):
 
     def _plan(self, k: int) -> RolloutPlan:
         """Stage k's draw: each agent's B distinct prompts, by priority, one response each."""
-        B, n_agents = self.config.trainer.batch_size, len(self.runtime.agents)
+        B, n_agents = self.config.trainer.batch_size, len(self.runtime.team.agents)
         drawn = [
             key
             for a in range(n_agents)
@@ -165,7 +165,7 @@ class SpoRecipe(Recipe):
         return RolloutPlan(k, problems, stage_sampling_spec(self.config, k), extra=drawn)
 
     def _generate(self, plan: RolloutPlan) -> tuple[list[Trajectory], dict[str, float]]:
-        B, n_agents = self.config.trainer.batch_size, len(self.runtime.agents)
+        B, n_agents = self.config.trainer.batch_size, len(self.runtime.team.agents)
         owners = [[a] for a in range(n_agents) for _ in range(B)]
         return self.runtime.sample(plan.problems, owners, plan.spec), {}
 
@@ -176,7 +176,7 @@ class SpoRecipe(Recipe):
         revisits = [key for key in drawn if self.tracker.last_response(key) is not None]
         logp_now: dict[Key, torch.Tensor] = {}
         if self.tracker.rho_mode == "kl" and revisits:
-            for a, name in enumerate(rt.agents):
+            for a, name in enumerate(rt.team.agents):
                 keys = [key for key in revisits if key[0] == name]
                 if not keys:
                     continue

@@ -56,7 +56,7 @@ def stage_metrics(rt: TeamRuntime, batch: StageBatch, per_agent) -> dict[str, An
         "tokens/generated": int(batch.response_mask.sum()),  # sampled by the models, no tool text
         **tool_metrics(batch.trajectories, rt.sandbox_statuses()),
     }
-    for i, name in enumerate(rt.agents):
+    for i, name in enumerate(rt.team.agents):
         rows = batch.rows_of(i)
         metrics[f"reward/mean/{name}"] = float(R[rows].mean()) if rows else float("nan")
         for key, value in per_agent.get(name, {}).items():

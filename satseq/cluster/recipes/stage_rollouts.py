@@ -51,7 +51,7 @@ def rollout_queue(
         return replace(stage_plan, spec=replace(stage_plan.spec, behaviour_logprobs=True))
 
     return RolloutQueue(
-        rollout.max_staleness, planned, generate, runtime.weight_sync, runtime.agents
+        rollout.max_staleness, planned, generate, runtime.weight_sync, runtime.team.agents
     )
 
 
