@@ -85,3 +85,46 @@ def builtin_models():
     ]
     for builder in builders:
         assert builder.wait(timeout=1800) == 0, "building the builtin models failed"
+
+
+@pytest.fixture(scope="session")
+def s3_bucket():
+    """A real S3-compatible server (moto's, on 127.0.0.1) with an empty bucket: its
+    `output.storage` URI base, `s3://bucket?...`. Credentials as any S3 client reads them."""
+    import time
+
+    import httpx
+
+    from satseq.actors.sharding import free_address
+
+    port = int(free_address("127.0.0.1").rsplit(":", 1)[1])
+    moto_server = os.path.join(os.path.dirname(sys.executable), "moto_server")
+    server = subprocess.Popen(
+        [moto_server, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
+            break
+        except httpx.TransportError:
+            assert server.poll() is None and time.monotonic() < deadline, "no moto_server"
+            time.sleep(0.2)
+    credentials = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    before = {name: os.environ.get(name) for name in credentials}
+    os.environ.update(credentials)
+    from pyarrow import fs
+
+    options = f"region=us-east-1&endpoint_override=127.0.0.1:{port}&scheme=http"
+    creating, _ = fs.FileSystem.from_uri(f"s3://satseq-runs?{options}&allow_bucket_creation=true")
+    creating.create_dir("satseq-runs")
+    yield lambda prefix: f"s3://satseq-runs/{prefix}?{options}"
+    server.terminate()
+    server.wait(timeout=30)
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

@@ -164,9 +164,10 @@ def next_stage(config: RunConfig, output_dir: Path | None, resume: bool) -> int:
     """The stage a run starts at: after the last checkpoint with --resume, else 0."""
     if not resume:
         return 0
-    from satseq.cluster.checkpoint import checkpoint_stages
+    from satseq.cluster.checkpoint import checkpoint_stages, run_storage
 
-    stages = checkpoint_stages(output_dir_for(config, output_dir) / "checkpoints")
+    out = output_dir_for(config, output_dir)
+    stages = checkpoint_stages(out / "checkpoints", run_storage(out, config.output.storage))
     return stages[-1] + 1 if stages else 0
 
 

@@ -7,7 +7,9 @@ Layout: `checkpoints/stage_<k>/`, the run's state after stage k:
   makes the checkpoint complete: a stage directory without it is debris of an interrupted save.
 
 Every file is written with `satseq.files.write_atomically` (temp file, fsync, rename, fsync of the
-directory). Older checkpoints beyond `keep` are removed only after the new one is complete.
+directory). Older checkpoints beyond `keep` are removed only after the new one is complete. With
+`output.storage` (`satseq.storage.StorageMirror`) each file is also uploaded, `run.pt` last, and
+a checkpoint complete there counts as one here: a resume downloads what this node lacks.
 """
 
 from __future__ import annotations
@@ -20,9 +22,15 @@ from typing import Any
 import torch
 
 from satseq.files import remove_directory, write_atomically
+from satseq.storage import StorageMirror
 
 STAGE_PATTERN = re.compile(r"^stage_(\d+)$")
 RUN_STATE = "run.pt"
+
+
+def run_storage(output_dir: Path, uri: str | None) -> StorageMirror | None:
+    """The mirror of the run's outputs at `output.storage`; None without one."""
+    return None if uri is None else StorageMirror(output_dir, uri)
 
 
 def stage_directory(directory: Path, stage: int) -> Path:
@@ -38,58 +46,87 @@ def run_state_path(directory: Path, stage: int) -> Path:
     return stage_directory(directory, stage) / RUN_STATE
 
 
-def save_run_state(directory: Path, stage: int, state: dict[str, Any], keep: int = 2) -> Path:
-    """Complete the checkpoint of `stage` (its learner files already written) with the run's
-    state; then remove all but the newest `keep` complete checkpoints and any incomplete one."""
+def save_run_state(
+    directory: Path,
+    stage: int,
+    state: dict[str, Any],
+    keep: int = 2,
+    storage: StorageMirror | None = None,
+) -> Path:
+    """Complete the checkpoint of `stage` (its learner files already written, and uploaded to
+    `storage` when given) with the run's state, here and then at `storage`; then remove all but
+    the newest `keep` complete checkpoints and any incomplete one, in both."""
     path = write_atomically(run_state_path(directory, stage), lambda f: torch.save(state, f))
-    kept = set(checkpoint_stages(directory)[-keep:])
-    for old in directory.iterdir():
-        match = STAGE_PATTERN.match(old.name)
-        if match and int(match.group(1)) not in kept:
-            shutil.rmtree(old, ignore_errors=True)
+    if storage is not None:
+        storage.upload(path)
+    kept = set(checkpoint_stages(directory, storage)[-keep:])
+    for name in _stage_names(directory, storage):
+        if int(STAGE_PATTERN.match(name).group(1)) not in kept:
+            shutil.rmtree(directory / name, ignore_errors=True)
+            if storage is not None:
+                storage.remove(directory / name)
     return path
 
 
-def checkpoint_stages(directory: Path) -> list[int]:
-    """The stages with a complete checkpoint, oldest first."""
-    if not directory.is_dir():
-        return []
+def checkpoint_stages(directory: Path, storage: StorageMirror | None = None) -> list[int]:
+    """The stages with a complete checkpoint, here or at `storage`, oldest first."""
     return sorted(
-        int(m.group(1))
-        for p in directory.iterdir()
-        if (m := STAGE_PATTERN.match(p.name)) and (p / RUN_STATE).is_file()
+        int(STAGE_PATTERN.match(name).group(1))
+        for name in _stage_names(directory, storage)
+        if (directory / name / RUN_STATE).is_file()
+        or (storage is not None and storage.exists(directory / name / RUN_STATE))
     )
 
 
-def load_latest_run_state(directory: Path) -> tuple[int, dict[str, Any]] | None:
-    """(stage, run state) of the newest complete checkpoint, or None if there is none; its
-    learners' files are at `learner_state_path(directory, stage, i)`."""
-    stages = checkpoint_stages(directory)
+def _stage_names(directory: Path, storage: StorageMirror | None) -> set[str]:
+    """The `stage_<k>` entries of `directory`, here and at `storage`."""
+    names = {p.name for p in directory.iterdir()} if directory.is_dir() else set()
+    if storage is not None:
+        names |= set(storage.names(directory))
+    return {name for name in names if STAGE_PATTERN.match(name)}
+
+
+def load_latest_run_state(
+    directory: Path, storage: StorageMirror | None = None
+) -> tuple[int, dict[str, Any]] | None:
+    """(stage, run state) of the newest complete checkpoint, here or at `storage` (then
+    downloaded), or None if there is none; its learners' files are at
+    `learner_state_path(directory, stage, i)`, here or at `storage`."""
+    stages = checkpoint_stages(directory, storage)
     if not stages:
         return None
     stage = stages[-1]
-    state = torch.load(run_state_path(directory, stage), map_location="cpu", weights_only=False)
+    path = run_state_path(directory, stage)
+    if storage is not None:
+        storage.fetch(path)
+    state = torch.load(path, map_location="cpu", weights_only=False)
     return stage, state
 
 
 def prune_saved_stages(
-    output_dir: Path, agents: list[str], keep_last: int, needed: set[Path]
+    output_dir: Path,
+    agents: list[str],
+    keep_last: int,
+    needed: set[Path],
+    storage: StorageMirror | None = None,
 ) -> list[Path]:
-    """Remove the agents' saved stages (`agent_<name>/stage_<k>/`) of all but the newest
-    `keep_last` stages, except the directories in `needed` (a model the run still reads: a
-    swapped-in agent's path); each by an atomic rename first. Returns what was removed."""
+    """Remove the agents' saved stages (`agent_<name>/stage_<k>/`, here and at `storage`) of
+    all but the newest `keep_last` stages, except the directories in `needed` (a model the run
+    still reads: a swapped-in agent's path); each here by an atomic rename first. Returns what
+    was removed."""
     saved = {
-        (int(m.group(1)), path)
-        for name in agents
-        if (output_dir / f"agent_{name}").is_dir()
-        for path in (output_dir / f"agent_{name}").iterdir()
-        if (m := STAGE_PATTERN.match(path.name))
+        (int(STAGE_PATTERN.match(name).group(1)), output_dir / f"agent_{agent}" / name)
+        for agent in agents
+        for name in _stage_names(output_dir / f"agent_{agent}", storage)
     }
     newest = sorted({stage for stage, _ in saved})[-keep_last:]
     keep = {path.resolve() for path in needed}
     removed = []
     for stage, path in sorted(saved):
         if stage not in newest and path.resolve() not in keep:
-            remove_directory(path)
+            if path.exists():
+                remove_directory(path)
+            if storage is not None:
+                storage.remove(path)
             removed.append(path)
     return removed

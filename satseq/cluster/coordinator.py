@@ -25,6 +25,7 @@ from satseq.cluster.checkpoint import (
     learner_state_path,
     load_latest_run_state,
     prune_saved_stages,
+    run_storage,
     save_run_state,
 )
 from satseq.cluster.faults import (
@@ -67,6 +68,8 @@ class Coordinator:
     ):
         self.config = config
         self.output_dir = Path(output_dir)
+        self.storage = run_storage(self.output_dir, config.output.storage)
+        """Where checkpoints and saved stages are also written (`output.storage`), or None."""
         self.recipe_class = RECIPES[config.algorithm.name]
         self.runtime = start_team(config, self.recipe_class.learner_settings(config))
         self.calls = self.runtime.calls
@@ -206,7 +209,12 @@ class Coordinator:
         checkpoints = self.output_dir / "checkpoints"
         start, learners = self.calls.start, self.runtime.team.learners
         writes = [  # each learner writes its resume file and, when due, its HF dir: one round
-            start(learner, Learner.save_state, str(learner_state_path(checkpoints, stage, i)))
+            start(
+                learner,
+                Learner.save_state,
+                str(learner_state_path(checkpoints, stage, i)),
+                self.storage,
+            )
             for i, learner in enumerate(learners)
         ]
         if (stage + 1) % self.config.trainer.save_every == 0 or last:
@@ -215,6 +223,7 @@ class Coordinator:
                     learner,
                     Learner.save_pretrained,
                     str(self.output_dir / f"agent_{name}" / f"stage_{stage}"),
+                    self.storage,
                 )
                 for learner, name in zip(learners, self.runtime.team.agents, strict=True)
             ]
@@ -231,7 +240,7 @@ class Coordinator:
             "agent_paths": list(self.runtime.team.agent_paths),  # swaps change them
         }
         self.log.write(metrics, {"stage": stage, **certificate})
-        save_run_state(checkpoints, stage, state)
+        save_run_state(checkpoints, stage, state, storage=self.storage)
         if self.config.output.keep_last is not None:
             in_use = self.runtime.team.agent_paths + [swap.path for swap in self.config.team.swaps]
             prune_saved_stages(
@@ -239,12 +248,13 @@ class Coordinator:
                 self.runtime.team.agents,
                 self.config.output.keep_last,
                 {Path(path) for path in in_use},
+                self.storage,
             )
 
     def _restore(self) -> int | None:
         """Load the newest checkpoint, push its weights to the engines; the stage it ended."""
         checkpoints = self.output_dir / "checkpoints"
-        found = load_latest_run_state(checkpoints)
+        found = load_latest_run_state(checkpoints, self.storage)
         if found is None:
             return None
         completed_stage, state = found
@@ -255,6 +265,7 @@ class Coordinator:
                     learner,
                     Learner.load_state,
                     str(learner_state_path(checkpoints, completed_stage, i)),
+                    self.storage,
                 )
                 for i, learner in enumerate(self.runtime.team.learners)
             ]
@@ -276,6 +287,8 @@ class Coordinator:
         configured = self._configured_paths()
         for i, path in enumerate(paths):
             if path != rt.team.agent_paths[i] or path != configured[i]:
+                if self.storage is not None:  # a stage this run saved, maybe on a lost node
+                    self.storage.fetch(path)
                 rt.replace_agent(i, path)
 
     # --- progress (polled by the driver while a stage runs) -------------------------------------

@@ -189,6 +189,13 @@ class OutputConfig(Section):
         "stages only, and any a swap reads; null: every one (HF's save_total_limit, verl's "
         "max_ckpt_to_keep)",
     )
+    storage: str | None = Field(
+        None,
+        description="a URI every node reaches (s3://bucket/prefix, gs://..., file://..., or a "
+        "path on shared storage) where the checkpoints and saved stages are also written, by "
+        "whichever node writes them, and where a resume reads them; null: the outputs dir "
+        "only, on the node of each writer (satseq.storage)",
+    )
     trackers: list[TrackerName] = Field(
         default_factory=lambda: ["tensorboard"],
         description="where each stage's metrics.jsonl numbers also go; [] for none",
@@ -201,6 +208,13 @@ class OutputConfig(Section):
     tracker_project: str = Field(
         "satseq", min_length=1, description="the MLflow experiment and the W&B project"
     )
+
+    @field_validator("storage")
+    @classmethod
+    def _a_storage_uri(cls, uri: str | None) -> str | None:
+        from satseq.storage import check_storage_uri  # pyarrow, only when a URI is given
+
+        return None if uri is None else check_storage_uri(uri)
 
     @field_validator("trackers")
     @classmethod

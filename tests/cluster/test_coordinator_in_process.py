@@ -1,13 +1,16 @@
 """The coordinator's whole stage loop in one process (`start_in_process`, no Ray): its outputs,
-checkpoints and resume, in seconds where the SIGKILL tests (`test_train_resume`) take minutes."""
+checkpoints and resume, in seconds where the SIGKILL tests (`test_train_resume`) take minutes;
+and a resume from `output.storage` on a real S3 server when the outputs dir lost them."""
 
 import random
+import shutil
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from satseq.cluster.checkpoint import run_storage
 from satseq.cluster.coordinator import Coordinator
 from satseq.cluster.team import start_in_process
 from satseq.config import QUICKSTART, load_config
@@ -47,21 +50,58 @@ def train(config, output_dir, until_stage, resume=False):
     return started_at
 
 
-def test_a_run_stopped_after_a_stage_resumes_to_the_uninterrupted_runs_metrics_and_weights(
-    config, tmp_path
-):
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert train(config, straight, STAGES) == 0
-    assert train(config, resumed, 1) == 0  # stopped after stage 0's checkpoint
-    assert train(config, resumed, STAGES, resume=True) == 1
+@pytest.fixture(scope="module")
+def straight(config, tmp_path_factory):
+    """The uninterrupted run's outputs directory."""
+    run = tmp_path_factory.mktemp("straight")
+    assert train(config, run, STAGES) == 0
+    return run
 
+
+def assert_same_run(resumed, straight):
+    """The same metrics (timings aside) and the same last weights, bit for bit."""
     assert [without_timings(m) for m in read_metrics(resumed)] == [
         without_timings(m) for m in read_metrics(straight)
     ]
-    for run in (straight, resumed):  # keep_last 1: only the last stage's directories stay
-        assert sorted(p.name for p in (run / "agent_a0").iterdir()) == [f"stage_{STAGES - 1}"]
     for agent in ("a0", "a1"):
         last = f"agent_{agent}/stage_{STAGES - 1}/model.safetensors"
         expected, found = load_file(straight / last), load_file(resumed / last)
         assert expected.keys() == found.keys()
         assert all(torch.equal(expected[name], found[name]) for name in expected)
+
+
+def test_a_run_stopped_after_a_stage_resumes_to_the_uninterrupted_runs_metrics_and_weights(
+    config, straight, tmp_path
+):
+    resumed = tmp_path / "resumed"
+    assert train(config, resumed, 1) == 0  # stopped after stage 0's checkpoint
+    assert train(config, resumed, STAGES, resume=True) == 1
+    assert_same_run(resumed, straight)
+    for run in (straight, resumed):  # keep_last 1: only the last stage's directories stay
+        assert sorted(p.name for p in (run / "agent_a0").iterdir()) == [f"stage_{STAGES - 1}"]
+
+
+def test_a_run_resumes_from_its_s3_storage_after_losing_what_its_nodes_wrote(
+    config, straight, tmp_path, s3_bucket
+):
+    """`output.storage` on a real S3 server: the learners' files, their saved stages and run.pt
+    go there; with every checkpoint and saved stage gone from the outputs dir (the nodes that
+    wrote them lost), the resume downloads what it needs and ends as the uninterrupted run."""
+    resumed = tmp_path / "resumed"
+    stored = config.model_copy(
+        update={"output": config.output.model_copy(update={"storage": s3_bucket("resume")})}
+    )
+    assert train(stored, resumed, 1) == 0
+    storage = run_storage(resumed, stored.output.storage)
+    assert storage.names(resumed / "checkpoints" / "stage_0") == [
+        "learner_0.pt",
+        "learner_1.pt",
+        "run.pt",
+    ]
+    assert storage.names(resumed / "agent_a1") == ["stage_0"]
+    for lost in ("checkpoints", "agent_a0", "agent_a1"):
+        shutil.rmtree(resumed / lost)
+    assert train(stored, resumed, STAGES, resume=True) == 1
+    assert_same_run(resumed, straight)
+    assert storage.names(resumed / "agent_a0") == [f"stage_{STAGES - 1}"]  # keep_last there too
+    assert storage.names(resumed / "checkpoints") == ["stage_1", "stage_2"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,9 @@ from satseq.actors.value_head import ValueHead
 from satseq.actors.weight_transfer import TensorSpec, TransferEndpoint, WeightSender
 from satseq.algo.masks import owner_mask
 from satseq.algo.trust_region import TrustRegion
+
+if TYPE_CHECKING:
+    from satseq.storage import StorageMirror
 
 
 def while_resident(method: Callable) -> Callable:
@@ -203,20 +206,32 @@ class Learner:
             self.sender = None  # closed: the next push forms the group again
             raise
 
-    def save_pretrained(self, directory: str) -> str:
-        """An HF directory loadable by transformers and vLLM (`weights_out.save_pretrained`)."""
-        return weights_out.save_pretrained(self.policy, directory)
+    def save_pretrained(self, directory: str, storage: StorageMirror | None = None) -> str:
+        """An HF directory loadable by transformers and vLLM (`weights_out.save_pretrained`);
+        with `storage`, also uploaded there (by rank 0)."""
+        weights_out.save_pretrained(self.policy, directory)
+        return self._upload(directory, storage)
 
     # --- resume state --------------------------------------------------------------------------
 
-    def save_state(self, path: str) -> str:
-        """Write the resume state to `path` atomically (a checkpoint's learner file)."""
-        return self.state.save(path)
+    def save_state(self, path: str, storage: StorageMirror | None = None) -> str:
+        """Write the resume state to `path` atomically (a checkpoint's learner file); with
+        `storage`, also upload it there (by rank 0, once every rank has written)."""
+        self.state.save(path)
+        return self._upload(path, storage)
 
     @while_resident  # AdamW's state takes its parameters' dtype and device
-    def load_state(self, path: str) -> None:
-        """Load what `save_state` wrote."""
+    def load_state(self, path: str, storage: StorageMirror | None = None) -> None:
+        """Load what `save_state` wrote; with `storage`, downloaded first if this node has no
+        copy (written on a node since lost)."""
+        if storage is not None:
+            storage.fetch(path)
         self.state.load(path)
+
+    def _upload(self, path: str, storage: StorageMirror | None) -> str:
+        if storage is not None and self.policy.group.rank == 0:
+            storage.upload(path)
+        return path
 
     def reset(self) -> None:
         """Back to what the constructor made of `spec`: its weights, a fresh optimiser and β,
