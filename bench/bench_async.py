@@ -119,10 +119,14 @@ def main() -> None:
           f"{'idle K=0':>9} {'idle K=1':>9} {'idle cut':>8}")  # fmt: skip
     for name in args.profile:
         scale = args.scale or (0.2 if name == "cpu" else 0.002)
+        profile = PROFILES[name]
+        if name == "cpu" and args.metrics:
+            profile = cpu_profile(args.metrics, 3)
+        print(
+            f"# {name}: generation {profile.generate:.2f} s, log-probs {profile.logprobs:.2f} s, "
+            f"update {profile.update:.2f} s an agent, push {profile.sync:.2f} s an agent"
+        )
         for agents in (1, 2, 3):
-            profile = PROFILES[name]
-            if name == "cpu" and args.metrics:
-                profile = cpu_profile(args.metrics, 3)
             sync_s, sync_idle = run(profile, agents, 0, scale, args.stages)
             async_s, async_idle = run(profile, agents, 1, scale, args.stages)
             cut = 1 - async_idle / sync_idle if sync_idle else 0.0
