@@ -11,6 +11,7 @@ Training and evaluation code use `RewardScorer`; the rest is exported for tests 
 
 from satseq.rewards.errors import (
     HelperProcessError,
+    HelperStartError,
     RewardError,
     RewardFunctionError,
     RewardFunctionImportError,
@@ -25,6 +26,7 @@ __all__ = [
     "FALLBACKS",
     "BatchScores",
     "HelperProcessError",
+    "HelperStartError",
     "RewardError",
     "RewardFunctionError",
     "RewardFunctionImportError",

@@ -32,7 +32,12 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from satseq.rewards.errors import HelperProcessError, RewardError, ScoringTimeout
+from satseq.rewards.errors import (
+    HelperProcessError,
+    HelperStartError,
+    RewardError,
+    ScoringTimeout,
+)
 
 STARTUP_TIMEOUT_S = 120.0
 """How long a new helper may take to import and warm up; on a loaded machine sympy is slow."""
@@ -83,6 +88,8 @@ class HelperProcess:
                 warmed_up, warmup_error = self._receive(STARTUP_TIMEOUT_S, "starting up")
             except ScoringTimeout as exc:  # a machine problem, not a slow sample
                 raise HelperProcessError(f"the helper process {exc}") from None
+            except HelperProcessError as exc:  # it will not start the next time either
+                raise HelperStartError(str(exc)) from None
             if not warmed_up:  # e.g. a custom reward function that does not import
                 self.kill()
                 raise warmup_error

@@ -28,3 +28,9 @@ class ScoringTimeout(RewardError):
 
 class HelperProcessError(RewardError):
     """The helper process that verifies answers could not start, or died while scoring."""
+
+
+class HelperStartError(HelperProcessError):
+    """A helper process died before it answered its warm-up call: nothing it imports loads
+    (a module that shadows the standard library on its path, a broken install). Every sample
+    would fail the same way, so batch scoring raises it instead of scoring them 0."""

@@ -26,7 +26,7 @@ from typing import Any, Literal, NamedTuple
 
 from satseq.rewards import verify
 from satseq.rewards.bounded_process import BoundedProcessPool
-from satseq.rewards.errors import RewardFunctionImportError, ScoringTimeout
+from satseq.rewards.errors import HelperStartError, RewardFunctionImportError, ScoringTimeout
 from satseq.rewards.extract import DEFAULT_FALLBACKS, check_fallbacks, extract_answer
 from satseq.rewards.format_rules import follows_think_format
 from satseq.rewards.plugin import call_reward_function, check_function_path, load_reward_function
@@ -208,11 +208,12 @@ class RewardScorer:
         """The rewards of a batch of samples, given as parallel sequences.
 
         A sample that times out or fails scores 0 and is counted; one bad sample never stops the
-        batch. Only a custom function that cannot be imported raises, since it would fail them
-        all.
+        batch. Only a custom function that cannot be imported, or a helper process that cannot
+        start, raises, since either would fail them all.
 
         Raises:
             RewardFunctionImportError: the custom function could not be imported.
+            HelperStartError: a helper process died before it answered its warm-up.
             ValueError: the sequences differ in length.
         """
         metas = [{}] * len(responses) if metas is None else metas
@@ -282,7 +283,7 @@ class RewardScorer:
             what = f"verifying answer {_preview(answer)} against {_preview(str(ground_truth))}"
         try:
             score = float(self._helpers().call(target, *args, timeout_s=self.timeout_s))
-        except RewardFunctionImportError:
+        except (RewardFunctionImportError, HelperStartError):  # every sample would fail so
             raise
         except ScoringTimeout:
             logger.warning("%s timed out after %g s; scored 0", what, self.timeout_s)

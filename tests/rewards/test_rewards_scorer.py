@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from satseq.rewards import RewardScorer
+from satseq.rewards import HelperStartError, RewardScorer
 
 
 def test_score_batch_returns_scores_and_what_happened(scorer):
@@ -73,3 +73,19 @@ def test_extract_answer_uses_the_configured_fallbacks(scorer):
 def test_bad_configuration_is_rejected_with_the_config_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RewardScorer(**kwargs)
+
+
+def test_a_helper_that_cannot_start_stops_the_batch_instead_of_scoring_every_sample_0(
+    tmp_path, monkeypatch
+):
+    """A `numbers.py` in the working directory shadows the standard library's in the helper
+    (`python -c` puts the directory first on its path), so sympy's import dies before the
+    helper answers: every sample would fail, and the batch raises saying so (it used to score
+    each sample 0, starting and losing a helper per sample)."""
+    (tmp_path / "numbers.py").write_text("raise ImportError('shadows the stdlib')")
+    monkeypatch.chdir(tmp_path)
+    with (
+        RewardScorer(timeout_s=10.0) as scorer,
+        pytest.raises(HelperStartError, match="exited with code 1 while starting up"),
+    ):
+        scorer.score_batch(["p1", "p2"], ["\\boxed{1}", "\\boxed{2}"], ["1", "2"])
