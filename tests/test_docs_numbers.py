@@ -2,10 +2,8 @@
 
 A decimal number in the prose (code, links and arXiv ids aside) passes when some number of a
 results file rounds to it at the decimals it is written with, or when it is the difference of
-two such numbers on its line ("0.795 → 0.980 (+0.185)"). The numbers written before this
-test are listed in `unsourced_numbers.txt` beside it, as `file: number`: a debt that only
-shrinks (an entry whose number has left its file fails too, so the list stays true). A new
-number needs its results file: run the bench that measures it, or say it without digits.
+two such numbers on its line ("0.795 → 0.980 (+0.185)"). A new number needs its results
+file: run the bench that measures it, or say it without digits.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-UNSOURCED = Path(__file__).with_name("unsourced_numbers.txt")
 
 DECIMAL = re.compile(r"(?<![\w.])[-+−]?\d+\.\d+(?:e[-+]?\d+)?(?![\w.]*\d)")
 NOT_PROSE = re.compile(
@@ -90,29 +87,11 @@ def unsourced() -> list[tuple[str, str]]:
     return missing
 
 
-def listed_debt() -> set[tuple[str, str]]:
-    lines = UNSOURCED.read_text().splitlines()
-    return {
-        tuple(part.strip() for part in line.split(":", 1))  # type: ignore[misc]
-        for line in lines
-        if line.strip() and not line.startswith("#")
-    }
-
-
 def test_every_number_in_the_docs_is_held_by_a_results_file():
-    new = sorted(set(unsourced()) - listed_debt())
+    new = unsourced()
     assert not new, (
         "numbers in the docs that no bench/results/ file holds (measure them into a results "
         "file, or drop them):\n" + "\n".join(f"{file}: {number}" for file, number in new)
-    )
-
-
-def test_the_listed_debt_is_still_in_the_docs():
-    paid = sorted(listed_debt() - set(unsourced()))
-    assert not paid, (
-        "tests/unsourced_numbers.txt lists numbers the docs no longer write, or that a results "
-        "file now holds: remove these lines\n"
-        + "\n".join(f"{file}: {number}" for file, number in paid)
     )
 
 
