@@ -144,11 +144,24 @@ def plot_curves(records: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", dest="runs", type=parse_run, action="append", required=True)
+    parser.add_argument("--run", dest="runs", type=parse_run, action="append", default=[])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="/tmp/bench_learning")
     parser.add_argument("--results", type=Path, default=Path("/tmp/bench_learning.jsonl"))
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="train nothing: the table, pooled lines and curves of every record in --results "
+        "(seeds trained by several invocations; their eval dirs must still exist)",
+    )
     args = parser.parse_args()
+    if args.report:
+        records = [json.loads(line) for line in args.results.read_text().splitlines() if line]
+        print_table(records)
+        plot_curves(records, args.results.with_suffix(".png"))
+        return
+    if not args.runs:
+        parser.error("give at least one --run LABEL=CONFIG (or --report)")
     root = Path(args.out)
     records = []
     for run_ in args.runs:

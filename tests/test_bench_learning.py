@@ -1,6 +1,7 @@
 """`bench/bench_learning.py`: a run is a label, a config and overrides; its seeds' evaluations
 are pooled from the files `satseq eval` writes."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,25 @@ def test_the_seeds_are_pooled_from_the_eval_files(bench, tmp_path):
     pooled = bench.pooled(records)
     assert (pooled.gained, pooled.lost, pooled.num_problems) == (3, 1, 20)
     assert pooled.p_value == sign_test_p_value(3, 1)
+
+
+def test_report_pools_the_records_that_several_invocations_wrote(
+    bench, tmp_path, monkeypatch, capsys
+):
+    """`--report`: seeds trained one invocation at a time, read back from --results and pooled
+    (and their curves drawn), without training anything."""
+    base = eval_dir(tmp_path, "base", {str(i): i < 3 for i in range(10)})
+    results = tmp_path / "results.jsonl"
+    lines = []
+    for seed, right in enumerate([{0, 1, 2, 5, 6}, {0, 1, 7}]):  # (+2, 0) and (+1, −1)
+        after = eval_dir(tmp_path, f"after{seed}", {str(i): i in right for i in range(10)})
+        against = {"accuracy_before": 0.3, "gained": 2 - seed, "lost": seed, "p_value": 0.5}
+        record = {"run": "K0", "seed": seed, "vote": 0.5 - 0.2 * seed, "best_agent": 0.4}
+        record |= {"against": against, "tokens_generated": 100, "reward_per_stage": [0.1, 0.2]}
+        lines.append(json.dumps(record | {"eval_dir": str(after), "base_eval_dir": str(base)}))
+    results.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr("sys.argv", ["bench_learning.py", "--report", "--results", str(results)])
+    bench.main()
+    out = capsys.readouterr().out
+    assert "K0: pooled over 2: +0.100" in out and "3 gained, 1 lost" in out
+    assert results.with_suffix(".png").stat().st_size > 0
