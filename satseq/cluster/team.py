@@ -66,7 +66,9 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
         weight_transfer=weight_transfer,
     )
     RayCalls().wait([learner.ready.remote() for learner in learners])
-    return _runtime(config, learners, rollouts, RayCalls(), factory, sandbox, weight_transfer)
+    return _runtime(
+        config, model_paths, learners, rollouts, RayCalls(), factory, sandbox, weight_transfer
+    )
 
 
 class RayLearners(LearnerFactory):
@@ -176,7 +178,7 @@ def start_in_process(config: RunConfig, settings: LearnerSettings) -> TeamRuntim
         config.trainer.seed,
         scorer=reward_scorer(config),
     )
-    return _runtime(config, learners, [worker], InProcessCalls(), factory)
+    return _runtime(config, model_paths, learners, [worker], InProcessCalls(), factory)
 
 
 def _team(config: RunConfig) -> tuple[list[str], list[str]]:
@@ -187,6 +189,7 @@ def _team(config: RunConfig) -> tuple[list[str], list[str]]:
 
 def _runtime(
     config: RunConfig,
+    model_paths: list[str],
     learners: list[Any],
     rollouts: list[Any],
     calls: ActorCalls,
@@ -194,9 +197,8 @@ def _runtime(
     sandbox: Any = None,
     weight_transfer: TransferBackend | None = None,
 ) -> TeamRuntime:
-    agents, model_paths = _team(config)
     team = StartedTeam(
-        agents,
+        [agent.name for agent in config.team.agents],
         [agent.path for agent in config.team.agents],
         model_paths,
         [load_tokenizer(path) for path in model_paths],
