@@ -96,13 +96,8 @@ def learner_spec(
         seed=agent_seed(trainer.seed, agent_index),
         num_threads=num_threads,
         offload=config.agent_offload(agent_index),
-        workers=agent_workers(config, agent_index),
+        workers=config.agent_workers(agent_index),
     )
-
-
-def agent_workers(config: RunConfig, agent_index: int) -> int:
-    """W, agent `agent_index`'s learner ranks."""
-    return config.team.agents[agent_index].workers or config.trainer.workers_per_agent
 
 
 def learner_hosts(config: RunConfig, model_dirs: list[str]) -> list[list[int]]:

@@ -17,7 +17,6 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from satseq.actors.weight_transfer import TransferBackend
-from satseq.cluster.learner_specs import agent_workers
 from satseq.config import RunConfig
 from satseq.config.rollout import EngineResources
 
@@ -154,7 +153,7 @@ def place_team(
     sharded agent's ranks get a bundle each, next to each other: PACK puts them on one node
     where they fit."""
     cluster_has_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    workers = [agent_workers(config, i) for i in range(len(config.team.agents))]
+    workers = [config.agent_workers(i) for i in range(len(config.team.agents))]
     learner_bundles = agent_bundles(hosts or [[i] for i in range(len(workers))], workers)
     learners = [
         _bundle(config.trainer.resources, cluster_has_gpu, "a learner")
@@ -174,7 +173,7 @@ def place_team(
             f"trainer.workers_per_agent (learner ranks per agent: {workers})."
         )
     learner_gpus, rollout_gpus = learners[0].get("GPU", 0.0), rollouts[0].get("GPU", 0.0)
-    overlapped = config.rollout.max_staleness > 0
+    overlapped = config.overlapped
     if overlapped and (0 < learner_gpus < 1 or 0 < rollout_gpus < 1):
         ray.util.remove_placement_group(group)
         raise ValueError(

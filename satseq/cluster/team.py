@@ -21,7 +21,6 @@ from satseq.actors.weight_transfer import TransferBackend
 from satseq.cluster.faults import RESTARTED_ACTOR
 from satseq.cluster.learner_specs import (
     LearnerSettings,
-    agent_workers,
     learner_hosts,
     learner_spec,
 )
@@ -164,7 +163,7 @@ def start_in_process(config: RunConfig, settings: LearnerSettings) -> TeamRuntim
     `RolloutWorker` (no tools). For tests of a recipe's wiring and for benchmarks."""
     if config.rollout.tools.enabled:
         raise ValueError("the in-process runtime runs no sandbox: set rollout.tools.enabled=false")
-    if any(agent_workers(config, i) > 1 for i in range(len(config.team.agents))):
+    if any(config.agent_workers(i) > 1 for i in range(len(config.team.agents))):
         raise ValueError(
             "the in-process runtime runs one learner per agent: set trainer.workers_per_agent=1"
         )

@@ -255,6 +255,16 @@ class RunConfig(Section):
         """Agent i's `offload`: its own, else `trainer.offload`."""
         return self.team.agents[i].offload or self.trainer.offload
 
+    def agent_workers(self, i: int) -> int:
+        """W, agent i's learner ranks: its own `workers`, else `trainer.workers_per_agent`."""
+        return self.team.agents[i].workers or self.trainer.workers_per_agent
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether a stage's generation runs while the previous stage's learners update
+        (`rollout.max_staleness` ≥ 1)."""
+        return self.rollout.max_staleness > 0
+
     @property
     def engines_share_devices(self) -> bool:
         """Whether the rollout engines share their devices with the learners: some agent keeps
@@ -333,7 +343,7 @@ class RunConfig(Section):
     def _overlap_needs_devices_of_their_own(self) -> RunConfig:
         """Overlapped stages run generation and updates at once: engines that sleep while
         the learners work (a shared device) cannot."""
-        if self.rollout.max_staleness > 0 and self.engines_share_devices:
+        if self.overlapped and self.engines_share_devices:
             raise ValueError(
                 f"rollout.max_staleness: {self.rollout.max_staleness} overlaps generation with "
                 "the learners' updates, but trainer.offload (or team.agents[i].offload): "

@@ -217,7 +217,7 @@ def plan(run: RunConfig, gpu_gib: float, prompt_tokens: int) -> list[Phase]:
     for i, agent in enumerate(run.team.agents):
         config = model_config(agent.path)
         lora = run.agent_lora(i)
-        workers = agent.workers or trainer.workers_per_agent
+        workers = run.agent_workers(i)
         parts = learner_update(
             config, compute, workload, workers=workers,
             exact_kl=run.algorithm.name == "sat_seq" and run.algorithm.kl_ctrl.estimator == "exact",

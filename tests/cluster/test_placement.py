@@ -6,7 +6,6 @@ import pytest
 from satseq.actors.learner import LossSpec, TrustRegionSpec
 from satseq.cluster.learner_specs import (
     LearnerSettings,
-    agent_workers,
     learner_hosts,
     learner_spec,
 )
@@ -40,7 +39,7 @@ def test_an_agent_takes_its_own_workers_or_the_trainers():
         QUICKSTART,
         ["trainer.workers_per_agent=2", "team.agents.1.workers=4"],
     )
-    assert [agent_workers(config, i) for i in range(3)] == [2, 4, 2]
+    assert [config.agent_workers(i) for i in range(3)] == [2, 4, 2]
     settings = LearnerSettings(LossSpec(), TrustRegionSpec())
     specs = [learner_spec(config, i, settings, "cpu", 1) for i in range(3)]
     assert [spec.workers for spec in specs] == [2, 4, 2]
