@@ -116,6 +116,18 @@ class AgentPolicy:
             enabled=self.compute_dtype != torch.float32,
         )
 
+    def cast_once(self) -> contextlib.AbstractContextManager:
+        """Around a pass over several micro-batches whose weights do not change: autocast
+        casts each weight to the compute dtype once, and every micro-batch's forward (and, on
+        this thread, a checkpointed recompute) reuses that cast, where each `autocast()` alone
+        would cast again (torch drops its casts when the outermost autocast context exits).
+        It is itself a disabled autocast context, so what runs between the forwards (the
+        backward passes) runs as without it. Sharded, it does nothing: the casts kept would be
+        the whole model's, not this rank's shards."""
+        if self.compute_dtype == torch.float32 or self.group.sharded:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, enabled=False)
+
     def micro_batches(
         self, trajectories: list[Trajectory], rows: list[int] | None = None
     ) -> Iterator[tuple[list[int], PaddedBatch]]:
@@ -151,11 +163,12 @@ class AgentPolicy:
         T = max(len(t.response_ids) for t in trajectories)
         out = torch.zeros(len(trajectories), max(T, 1), device="cpu")
         computed = []
-        for (rows, batch), real in self.group.mine(list(self.micro_batches(trajectories))):
-            with self.autocast():
-                values = compute(batch.to(self.device))
-            if real:
-                computed.append((rows, values.float().cpu()))
+        with self.cast_once():
+            for (rows, batch), real in self.group.mine(list(self.micro_batches(trajectories))):
+                with self.autocast():
+                    values = compute(batch.to(self.device))
+                if real:
+                    computed.append((rows, values.float().cpu()))
         for rows, values in (part for parts in self.group.gather(computed) for part in parts):
             out[rows, : values.shape[1]] = values
         return out

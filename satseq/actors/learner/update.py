@@ -33,6 +33,7 @@ from satseq.actors.learner.micro_batches import (
 )
 from satseq.actors.learner.policy import AgentPolicy
 from satseq.actors.learner.results import UpdateResult
+from satseq.actors.learner.step_stats import Attempt, StepStats, kept_attempts
 from satseq.actors.residency import peak_memory_gib, reset_peak_memory
 from satseq.actors.sharding import clip_grad_norm_
 from satseq.actors.trajectory import Trajectory
@@ -42,40 +43,6 @@ from satseq.algo.losses import PolicyLoss, kl_penalty, policy_loss
 from satseq.algo.trust_region import StepDecision, StepOutcome, TrustRegion
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class StepStats:
-    """One optimiser step (or a whole epoch's steps, combined)."""
-
-    loss: float = 0.0
-    clip_fraction: float = 0.0
-    kl_penalty: float = 0.0
-    ratio_max: float = 0.0
-    steps: int = 0
-    skipped: int = 0  # steps not taken: their gradient was not finite
-
-    @staticmethod
-    def mean(parts: list[StepStats]) -> StepStats:
-        n = max(len(parts), 1)
-        return StepStats(
-            loss=sum(p.loss for p in parts) / n,
-            clip_fraction=sum(p.clip_fraction for p in parts) / n,
-            kl_penalty=sum(p.kl_penalty for p in parts) / n,
-            ratio_max=max((p.ratio_max for p in parts), default=0.0),
-            steps=sum(p.steps for p in parts),
-            skipped=sum(p.skipped for p in parts),
-        )
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One attempt at an epoch: its steps' statistics and the KL check after them."""
-
-    stats: StepStats
-    kl_quantile: float
-    logp_new: torch.Tensor | None  # [N, T] under the weights after the epoch, where measured
-    sequence_kl: torch.Tensor | None  # [N]: each checked row's KL (+inf: not finite), else NaN
 
 
 @dataclass
@@ -158,7 +125,7 @@ def run_update(
         peak_memory_gib=peak_memory_gib(policy.device),
         kl_penalty=last.kl_penalty,
         ratio_max=last.ratio_max,
-        optimizer_steps=sum(attempt.stats.steps for attempt in _kept(attempts, epochs)),
+        optimizer_steps=sum(attempt.stats.steps for attempt in kept_attempts(attempts, epochs)),
         skipped_steps=sum(attempt.stats.skipped for attempt in attempts),
     )
 
@@ -201,7 +168,7 @@ def final_measurements(
         return None, None
     if not attempts:
         return ctx.logp_cur.clone(), None
-    kept = _kept(attempts, epochs)
+    kept = kept_attempts(attempts, epochs)
     if not kept:
         measured = attempts[-1].sequence_kl
         return ctx.logp_cur.clone(), torch.where(measured.isnan(), measured, 0.0)
@@ -272,22 +239,25 @@ def optimizer_step(
     weighted = torch.zeros(3, device=policy.device)  # Σ weight · (loss, clip fraction, penalty)
     ratio_max = torch.zeros((), device=policy.device)
     recorded = []  # (rows, behaviour log-probs on the device)
-    for mb in micro_batches:
-        with policy.autocast():
-            logp, per_token_kl = logprobs_and_kl(ctx, mb, record_reference=first, with_kl=penalise)
-        behaviour = (logp.detach() * mb.mask).float() if record_behaviour else None
-        if behaviour is not None and mb.real:
-            recorded.append((mb.rows, behaviour))
-        pl = surrogate(ctx, mb, logp, behaviour)
-        loss, penalty = pl.loss, torch.zeros((), device=policy.device)
-        if penalise:
-            penalty = kl_penalty(per_token_kl, mb.mask, beta, spec.loss.aggregation)
-            loss = loss + penalty
-        (loss * (mb.weight * policy.group.world)).backward()  # FSDP2 averages over ranks
-        terms = torch.stack([loss.detach(), pl.clip_fraction, penalty.detach()])
-        weighted += terms.float() * mb.weight
-        if mb.real:
-            ratio_max = torch.maximum(ratio_max, pl.ratio_max.float())
+    with policy.cast_once():  # the weights change only at the step below
+        for mb in micro_batches:
+            with policy.autocast():
+                logp, per_token_kl = logprobs_and_kl(
+                    ctx, mb, record_reference=first, with_kl=penalise
+                )
+            behaviour = (logp.detach() * mb.mask).float() if record_behaviour else None
+            if behaviour is not None and mb.real:
+                recorded.append((mb.rows, behaviour))
+            pl = surrogate(ctx, mb, logp, behaviour)
+            loss, penalty = pl.loss, torch.zeros((), device=policy.device)
+            if penalise:
+                penalty = kl_penalty(per_token_kl, mb.mask, beta, spec.loss.aggregation)
+                loss = loss + penalty
+            (loss * (mb.weight * policy.group.world)).backward()  # FSDP2 averages over ranks
+            terms = torch.stack([loss.detach(), pl.clip_fraction, penalty.detach()])
+            weighted += terms.float() * mb.weight
+            if mb.real:
+                ratio_max = torch.maximum(ratio_max, pl.ratio_max.float())
     grad_norm = clip_grad_norm_(policy.trainable_parameters(), spec.optimizer.grad_clip)
     host = read_back([weighted, ratio_max, grad_norm, *(values for _, values in recorded)])
     (loss_sum, clip_sum, penalty_sum), ratio_max, grad_norm = host[0].tolist(), *host[1:3]
@@ -377,11 +347,12 @@ def reference_pass(ctx: UpdateContext, micro_batches: list[MicroBatch]) -> None:
     held-out rows the check measures)."""
     policy = ctx.policy
     computed = []
-    for mb in micro_batches:
-        with policy.autocast():
-            logp, _ = logprobs_and_kl(ctx, mb, record_reference=True, with_kl=False)
-        if ctx.record_behaviour and mb.real:
-            computed.append((mb.rows, logp * mb.mask))
+    with policy.cast_once():
+        for mb in micro_batches:
+            with policy.autocast():
+                logp, _ = logprobs_and_kl(ctx, mb, record_reference=True, with_kl=False)
+            if ctx.record_behaviour and mb.real:
+                computed.append((mb.rows, logp * mb.mask))
     recorded = read_back_rows(computed)
     for rows, values in (part for parts in policy.group.gather(recorded) for part in parts):
         ctx.logp_cur[rows, : values.shape[1]] = values
@@ -399,11 +370,12 @@ def kl_check(ctx: UpdateContext) -> tuple[float, torch.Tensor, torch.Tensor]:
     policy = ctx.policy
     real = [mb for mb in ctx.checked if mb.real]
     device_values = []  # each real micro-batch's log-probs [n, T_mb] and sequence KLs [n]
-    for mb in ctx.checked:
-        with policy.autocast():
-            logp, per_token_kl = logprobs_and_kl(ctx, mb)
-        if mb.real:
-            device_values += [logp, sequence_kl(per_token_kl, mb.mask)]
+    with policy.cast_once():
+        for mb in ctx.checked:
+            with policy.autocast():
+                logp, per_token_kl = logprobs_and_kl(ctx, mb)
+            if mb.real:
+                device_values += [logp, sequence_kl(per_token_kl, mb.mask)]
     host = read_back(device_values)
     computed = []
     for mb, logp, seq_kl in zip(real, host[0::2], host[1::2], strict=True):
@@ -428,22 +400,13 @@ def training_logprobs(ctx: UpdateContext, logp_new: torch.Tensor) -> torch.Tenso
     (the check measured the held-out rows only)."""
     policy = ctx.policy
     computed = []
-    for mb in ctx.whole_batch:
-        with policy.autocast():
-            logp, _ = logprobs_and_kl(ctx, mb, with_kl=False)
-        if mb.real:
-            computed.append((mb.rows, logp))
+    with policy.cast_once():
+        for mb in ctx.whole_batch:
+            with policy.autocast():
+                logp, _ = logprobs_and_kl(ctx, mb, with_kl=False)
+            if mb.real:
+                computed.append((mb.rows, logp))
     recorded = read_back_rows(computed)
     for rows, logp in (part for parts in policy.group.gather(recorded) for part in parts):
         logp_new[rows, : logp.shape[1]] = logp
     return logp_new
-
-
-def _kept(attempts: list[Attempt], epochs: list[StepOutcome]) -> list[Attempt]:
-    """Each applied epoch's last attempt (the one whose weights were kept)."""
-    kept, index = [], 0
-    for outcome in epochs:
-        index += len(outcome.kl_quantiles)
-        if outcome.applied:
-            kept.append(attempts[index - 1])
-    return kept
