@@ -110,8 +110,15 @@ def test_bf16_compute_keeps_a_1e6_step_in_the_float32_master_weights(raw_tiny_mo
     )
     assert all(p.dtype == torch.float32 for p in agent.policy.model.parameters())
     before = {n: p.detach().clone() for n, p in agent.policy.model.named_parameters()}
+    names = {p: n for n, p in agent.policy.model.named_parameters()}
+    grads = {}  # the step's gradients, as the optimiser saw them (freed right after the step)
+
+    def keep_gradients(optimizer, args, kwargs):
+        grads.update({names[p]: p.grad.clone() for p in names if p.grad is not None})
+
+    agent.policy.optimizer.register_step_pre_hook(keep_gradients)
     update(agent, batch(agent.policy.tokenizer))
-    grads = {n: p.grad for n, p in agent.policy.model.named_parameters() if p.grad is not None}
+    assert grads and all(p.grad is None for p in names)  # nothing held after the step
     after = {n: p.detach() for n, p in agent.policy.model.named_parameters()}
     assert all(s["exp_avg"].dtype == torch.float32 for s in agent.policy.optimizer.state.values())
     assert changed_fraction(before, after, grads) >= 0.99

@@ -74,6 +74,7 @@ class AgentPolicy:
             self.trainable_parameters(),
             lr=spec.optimizer.lr,
             weight_decay=spec.optimizer.weight_decay,
+            fused=(self.device.type == "cuda" and not self.group.sharded) or None,  # one kernel
         )
         self.snapshot = TrainingSnapshot()
         self.pad_token_id = self.tokenizer.pad_token_id

@@ -273,6 +273,7 @@ def optimizer_step(
             spec.agent_index,
             float(grad_norm),
         )
+    policy.optimizer.zero_grad(set_to_none=True)  # freed now, not kept through the KL check
     group = policy.group
     return StepStats(
         loss=group.sum(loss_sum),
