@@ -9,39 +9,55 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+ALIGNMENT = 64
+"""Bytes each tensor's place in the arena is aligned to (any dtype's element size divides it)."""
+
 
 class TrainingSnapshot:
-    """Weights and optimiser state kept off the accelerator, in CPU buffers reused across steps
-    (pinned where the source is on a GPU, so the copies run asynchronously on its stream).
+    """Weights and optimiser state kept off the accelerator, in one CPU arena reused across
+    steps (pinned where the sources are on a GPU, so the copies run asynchronously on its
+    stream; one allocation, where a buffer per tensor made ~870 pinned allocations, 2.26 s on
+    an H100 at 0.5B).
 
     `save` copies the trained parameters (a LoRA agent's adapter, not its frozen base) and each
-    one's optimiser state into the buffers (one per tensor, allocated on first use); `restore`
-    copies them back in place. A sharded parameter (a DTensor, FSDP2) and its state are saved
-    and restored as this rank's shard. Stream order makes the asynchronous device-to-host copies
-    finish before the optimiser step that follows overwrites the source; the host waits only in
-    `restore`.
+    one's optimiser state into their places in the arena, laid out on first use and again only
+    when the set of tensors changes (once the optimiser's state appears after its first step);
+    `restore` copies them back in place. A sharded parameter (a DTensor, FSDP2) and its state
+    are saved and restored as this rank's shard. Stream order makes the asynchronous
+    device-to-host copies finish before the optimiser step that follows overwrites the source;
+    the host waits only in `restore`.
     """
 
     def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
+        self._arena: torch.Tensor | None = None
+        self._places: dict[str, torch.Tensor] = {}
         self.model: dict[str, torch.Tensor] = {}
         self.optimizer: dict[str, Any] = {}
 
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainingSnapshot:
-        self.model = {
-            name: self._copy_out(f"model/{name}", param)
-            for name, param in trained_parameters(model)
+        parameters = dict(trained_parameters(model))
+        states = {
+            index: optimizer.state[param]
+            for index, param in enumerate(_parameters(optimizer))
+            if param in optimizer.state
         }
+        sources = {f"model/{name}": param for name, param in parameters.items()} | {
+            f"optimizer/{index}/{key}": value
+            for index, state in states.items()
+            for key, value in state.items()
+            if isinstance(value, torch.Tensor)
+        }
+        copies = self._copy_out({key: local_shard(t.detach()) for key, t in sources.items()})
+        self.model = {name: copies[f"model/{name}"] for name in parameters}
         self.optimizer = {
             "state": {
                 index: {
-                    key: self._copy_out(f"optimizer/{index}/{key}", value)
+                    key: copies[f"optimizer/{index}/{key}"]
                     if isinstance(value, torch.Tensor)
                     else copy.deepcopy(value)
-                    for key, value in optimizer.state[param].items()
+                    for key, value in state.items()
                 }
-                for index, param in enumerate(_parameters(optimizer))
-                if param in optimizer.state
+                for index, state in states.items()
             },
             "param_groups": [
                 {key: copy.deepcopy(value) for key, value in group.items() if key != "params"}
@@ -52,8 +68,8 @@ class TrainingSnapshot:
 
     @torch.no_grad()
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        if any(buffer.is_pinned() for buffer in self._buffers.values()):
-            torch.cuda.synchronize()  # the host reads the pinned buffers below
+        if self._arena is not None and self._arena.is_pinned():
+            torch.cuda.synchronize()  # the host reads the pinned arena below
         for name, param in trained_parameters(model):
             local_shard(param).copy_(self.model[name], non_blocking=True)
         saved_state = self.optimizer["state"]
@@ -73,17 +89,34 @@ class TrainingSnapshot:
 
     @property
     def nbytes(self) -> int:
-        return sum(buffer.nbytes for buffer in self._buffers.values())
+        return 0 if self._arena is None else self._arena.nbytes
 
-    def _copy_out(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = local_shard(tensor.detach())
-        buffer = self._buffers.get(key)
-        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            buffer = torch.empty(
-                tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=tensor.is_cuda
-            )
-            self._buffers[key] = buffer
-        return buffer.copy_(tensor, non_blocking=buffer.is_pinned())
+    def _copy_out(self, sources: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each source copied into its place in the arena (laid out anew if they changed)."""
+        if any(
+            key not in self._places
+            or (self._places[key].shape, self._places[key].dtype) != (t.shape, t.dtype)
+            for key, t in sources.items()
+        ):
+            self._lay_out(sources)
+        pinned = self._arena is not None and self._arena.is_pinned()
+        return {key: self._places[key].copy_(t, non_blocking=pinned) for key, t in sources.items()}
+
+    def _lay_out(self, sources: dict[str, torch.Tensor]) -> None:
+        """One arena for `sources`, each in a place of its shape and dtype (the old arena is
+        freed once nothing of the previous snapshot refers to it)."""
+        offsets, total = {}, 0
+        for key, tensor in sources.items():
+            offsets[key] = total
+            total += -(-tensor.numel() * tensor.element_size() // ALIGNMENT) * ALIGNMENT
+        pinned = any(tensor.is_cuda for tensor in sources.values())
+        self._arena = torch.empty(total, dtype=torch.uint8, device="cpu", pin_memory=pinned)
+        self._places = {
+            key: self._arena[offsets[key] : offsets[key] + t.numel() * t.element_size()]
+            .view(t.dtype)
+            .view(t.shape)
+            for key, t in sources.items()
+        }
 
 
 def trained_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
