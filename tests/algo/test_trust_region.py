@@ -104,12 +104,12 @@ def test_step_accepted_after_backtrack_keeps_new_weights():
 
 
 def test_snapshot_reuses_its_cpu_buffers_and_survives_steps_after_a_restore():
-    """A learner snapshots before every step: the buffers are allocated once, and a restore
-    must not hand them to the optimiser (its in-place updates would corrupt the snapshot)."""
+    """A learner snapshots before every step: its arena is allocated once, and a restore
+    must not hand its places to the optimiser (its in-place updates would corrupt the snapshot)."""
     model, optimizer = _model_and_optimizer()
     _sgd_step(model, optimizer)
     snapshot = TrainingSnapshot().save(model, optimizer)
-    buffers = {key: buffer.data_ptr() for key, buffer in snapshot._buffers.items()}
+    places = {key: place.data_ptr() for key, place in snapshot._places.items()}
     saved = {k: v.clone() for k, v in snapshot.model.items()}
     exp_avg = {k: s["exp_avg"].clone() for k, s in snapshot.optimizer["state"].items()}
     for _ in range(2):  # step, restore, step again: the second restore still sees the first state
@@ -119,9 +119,14 @@ def test_snapshot_reuses_its_cpu_buffers_and_survives_steps_after_a_restore():
     for key, state in optimizer.state_dict()["state"].items():
         assert torch.equal(state["exp_avg"], exp_avg[key])
     assert snapshot.save(model, optimizer) is snapshot
-    assert {key: buffer.data_ptr() for key, buffer in snapshot._buffers.items()} == buffers
-    assert all(buffer.device.type == "cpu" for buffer in snapshot._buffers.values())
-    assert snapshot.nbytes == sum(b.nbytes for b in snapshot._buffers.values()) > 0
+    assert {key: place.data_ptr() for key, place in snapshot._places.items()} == places
+    assert snapshot._arena.device.type == "cpu"
+    assert (
+        snapshot.nbytes
+        == snapshot._arena.nbytes
+        >= sum(p.nbytes for p in snapshot._places.values())
+        > 0
+    )
 
 
 def test_state_dict_round_trip():
