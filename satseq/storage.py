@@ -64,20 +64,26 @@ class StorageMirror:
         """The file or directory at `local` (under `local_root`) copied to the URI."""
         filesystem, remote = self._remote(local)
         local = Path(local)
-        if local.is_dir():
-            files = sorted(p for p in local.rglob("*") if p.is_file())
-            files.sort(key=lambda p: p.name in MARKER_FILES)  # a loadable dir only once whole
-            for path in files:
-                self._upload_file(filesystem, path, f"{remote}/{path.relative_to(local)}")
-        else:
+        if not local.is_dir():
+            filesystem.create_dir(remote.rpartition("/")[0], recursive=True)
             self._upload_file(filesystem, local, remote)
+            return
+        files = sorted(p for p in local.rglob("*") if p.is_file())
+        files.sort(key=lambda p: p.name in MARKER_FILES)  # a loadable dir only once whole
+        targets = [f"{remote}/{path.relative_to(local).as_posix()}" for path in files]
+        for parent in sorted({target.rpartition("/")[0] for target in targets}):
+            filesystem.create_dir(parent, recursive=True)  # each once, not once a file
+        for path, target in zip(files, targets, strict=True):
+            self._upload_file(filesystem, path, target)
 
     def fetch(self, local: str | Path) -> bool:
         """Download `local` from the URI unless this node holds it; whether it holds it now.
         A path outside `local_root` is left alone (it is not the run's)."""
         local = Path(local)
-        if local.exists() or not self._under_root(local):
-            return local.exists()
+        if local.exists():
+            return True
+        if not self._under_root(local):
+            return False
         filesystem, remote = self._remote(local)
         kind = filesystem.get_file_info(remote).type
         if kind == fs.FileType.NotFound:
@@ -126,9 +132,9 @@ class StorageMirror:
 
     @staticmethod
     def _upload_file(filesystem: fs.FileSystem, local: Path, remote: str) -> None:
-        """Written under a temporary name beside `remote`, then moved onto it."""
+        """Written under a temporary name beside `remote` (its directory exists), then moved
+        onto it."""
         parent, _, name = remote.rpartition("/")
-        filesystem.create_dir(parent, recursive=True)
         aside = f"{parent}/.{name}.upload-{uuid.uuid4().hex[:8]}"
         with local.open("rb") as source, filesystem.open_output_stream(aside) as target:
             shutil.copyfileobj(source, target, 1 << 22)

@@ -59,8 +59,9 @@ def save_run_state(
     path = write_atomically(run_state_path(directory, stage), lambda f: torch.save(state, f))
     if storage is not None:
         storage.upload(path)
-    kept = set(checkpoint_stages(directory, storage)[-keep:])
-    for name in _stage_names(directory, storage):
+    names = _stage_names(directory, storage)  # listed once, here and at `storage`
+    kept = set(_complete_stages(directory, names, storage)[-keep:])
+    for name in names:
         if int(STAGE_PATTERN.match(name).group(1)) not in kept:
             shutil.rmtree(directory / name, ignore_errors=True)
             if storage is not None:
@@ -70,9 +71,14 @@ def save_run_state(
 
 def checkpoint_stages(directory: Path, storage: StorageMirror | None = None) -> list[int]:
     """The stages with a complete checkpoint, here or at `storage`, oldest first."""
+    return _complete_stages(directory, _stage_names(directory, storage), storage)
+
+
+def _complete_stages(directory: Path, names: set[str], storage: StorageMirror | None) -> list[int]:
+    """The stages among `names` whose `run.pt` is here or at `storage`, oldest first."""
     return sorted(
         int(STAGE_PATTERN.match(name).group(1))
-        for name in _stage_names(directory, storage)
+        for name in names
         if (directory / name / RUN_STATE).is_file()
         or (storage is not None and storage.exists(directory / name / RUN_STATE))
     )
