@@ -22,12 +22,13 @@ import datetime
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-TransferBackend = Literal["nccl", "gloo"]
+from satseq.config.team_plan import TransferBackend
+
 TRANSFER_TIMEOUT = datetime.timedelta(minutes=10)
 """How long a rank waits for the others to join the group or a broadcast (a dead peer's closed
 sockets end a gloo wait sooner)."""

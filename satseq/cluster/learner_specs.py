@@ -14,7 +14,8 @@ from pathlib import Path
 from satseq.actors.learner.specs import LearnerSpec, LossSpec, OptimizerSpec, TrustRegionSpec
 from satseq.config import RunConfig
 from satseq.config.algorithms import KLControlConfig
-from satseq.config.schema import TrainerConfig
+from satseq.config.team_plan import TeamPlan
+from satseq.config.trainer import TrainerConfig
 from satseq.models import is_adapter_dir
 from satseq.models.adapters import adapter_base
 from satseq.seeds import agent_seed
@@ -66,7 +67,7 @@ def learner_spec(
 ) -> LearnerSpec:
     """Agent `agent_index`'s learner: its model (`team.agents[i].path`, or `model_path` after a
     swap), the recipe's loss and trust region (and value head lr in `gae` mode), and the
-    `trainer` section's settings (`offload` and `workers` as the agent overrides them)."""
+    `trainer` section's settings (`offload` and `workers` as the run's plan has them)."""
     trainer = config.trainer
     agent = config.team.agents[agent_index]
     dtype = (
@@ -95,19 +96,20 @@ def learner_spec(
         value_steps=config.sat_seq.value_steps,
         seed=agent_seed(trainer.seed, agent_index),
         num_threads=num_threads,
-        offload=config.agent_offload(agent_index),
-        workers=config.agent_workers(agent_index),
+        offload=config.plan.agents[agent_index].offload,
+        workers=config.plan.agents[agent_index].workers,
     )
 
 
-def learner_hosts(config: RunConfig, model_dirs: list[str]) -> list[list[int]]:
+def learner_hosts(plan: TeamPlan, model_dirs: list[str]) -> list[list[int]]:
     """The team's learner processes by the agents each holds (agent i on `model_dirs[i]`): with
-    `trainer.share_lora_learners`, the LoRA agents of one base share one; every other agent
-    has its own (W of them, sharded). In team order of each process's first agent."""
+    `trainer.share_lora_learners` (in the run's `plan`), the LoRA agents of one base share one;
+    every other agent has its own (W of them, sharded). In team order of each process's first
+    agent."""
     hosts: list[list[int]] = []
     by_base: dict[Path, list[int]] = {}
     for i, directory in enumerate(model_dirs):
-        if not (config.trainer.share_lora_learners and is_adapter_dir(directory)):
+        if not (plan.share_lora_learners and is_adapter_dir(directory)):
             hosts.append([i])
             continue
         base = adapter_base(directory)

@@ -16,7 +16,6 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from satseq.actors.weight_transfer import TransferBackend
 from satseq.config import RunConfig
 from satseq.config.rollout import EngineResources
 
@@ -29,7 +28,7 @@ class TeamPlacement:
     learner_bundles: list[list[int]]  # agent i's ranks' bundles (agents of one host: the same)
     learner_gpus: float
     rollout_gpus: float
-    overlapped: bool = False  # `rollout.max_staleness` ≥ 1: generation runs during updates
+    overlapped: bool = False  # `TeamPlan.overlapped`: generation runs during updates
 
     @property
     def n_learners(self) -> int:
@@ -39,27 +38,6 @@ class TeamPlacement:
     @property
     def learner_device(self) -> str:
         return "cuda" if self.learner_gpus > 0 else "cpu"
-
-    def weight_transfer(self, config: RunConfig) -> TransferBackend | None:
-        """How learners reach the engines (`rollout.weight_sync`): a collective's backend, or
-        None for the object store. NCCL needs learners and engines on GPUs of their own (one
-        GPU cannot be two ranks of a group); gloo runs where both are on the CPU."""
-        mode = config.rollout.weight_sync
-        own_gpus = self.learner_gpus >= 1 and self.rollout_gpus >= 1
-        on_cpu = self.learner_gpus == 0 and self.rollout_gpus == 0
-        if mode == "object_store" or (mode == "auto" and not own_gpus):
-            return None
-        if mode == "auto":  # whole GPUs: NCCL where vLLM takes it and the engines stay awake
-            awake = not config.engines_share_devices
-            return "nccl" if config.rollout.engine == "vllm" and awake else None
-        if not (own_gpus or on_cpu):
-            raise ValueError(
-                "rollout.weight_sync: collective needs learners and rollout actors on GPUs of "
-                f"their own or both on the CPU; they hold {self.learner_gpus} and "
-                f"{self.rollout_gpus} GPUs (trainer.resources / rollout.resources.num_gpus): "
-                "use 1 each, or rollout.weight_sync: object_store"
-            )
-        return "nccl" if own_gpus else "gloo"
 
     def learner_options(self, index: int, rank: int = 0) -> dict[str, Any]:
         """Ray options of agent `index`'s learner rank `rank`."""
@@ -153,7 +131,8 @@ def place_team(
     sharded agent's ranks get a bundle each, next to each other: PACK puts them on one node
     where they fit."""
     cluster_has_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    workers = [config.agent_workers(i) for i in range(len(config.team.agents))]
+    plan = config.plan
+    workers = [learner.workers for learner in plan.agents]
     learner_bundles = agent_bundles(hosts or [[i] for i in range(len(workers))], workers)
     learners = [
         _bundle(config.trainer.resources, cluster_has_gpu, "a learner")
@@ -173,7 +152,7 @@ def place_team(
             f"trainer.workers_per_agent (learner ranks per agent: {workers})."
         )
     learner_gpus, rollout_gpus = learners[0].get("GPU", 0.0), rollouts[0].get("GPU", 0.0)
-    overlapped = config.overlapped
+    overlapped = plan.overlapped
     if overlapped and (0 < learner_gpus < 1 or 0 < rollout_gpus < 1):
         ray.util.remove_placement_group(group)
         raise ValueError(

@@ -42,9 +42,9 @@ def start_on_ray(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
     rollout actors and, with tools, the sandbox pool (`satseq train`). Ray restarts any of them
     that dies (`satseq.cluster.faults`)."""
     agents, model_paths = _team(config)
-    hosts = learner_hosts(config, model_paths)
+    hosts = learner_hosts(config.plan, model_paths)
     placement = place_team(config, hosts)
-    weight_transfer = placement.weight_transfer(config)
+    weight_transfer = config.plan.weight_transfer(placement.learner_gpus, placement.rollout_gpus)
     log.info(
         "weight sync: %s",
         f"collective ({weight_transfer})" if weight_transfer else "object store",
@@ -163,7 +163,7 @@ def start_in_process(config: RunConfig, settings: LearnerSettings) -> TeamRuntim
     `RolloutWorker` (no tools). For tests of a recipe's wiring and for benchmarks."""
     if config.rollout.tools.enabled:
         raise ValueError("the in-process runtime runs no sandbox: set rollout.tools.enabled=false")
-    if any(config.agent_workers(i) > 1 for i in range(len(config.team.agents))):
+    if any(learner.workers > 1 for learner in config.plan.agents):
         raise ValueError(
             "the in-process runtime runs one learner per agent: set trainer.workers_per_agent=1"
         )
@@ -206,6 +206,6 @@ def _runtime(
         sandbox,
     )
     sync = SyncSettings(
-        config.engines_share_devices, config.rollout.weight_sync_bucket_mb, weight_transfer
+        config.plan.engines_share_devices, config.rollout.weight_sync_bucket_mb, weight_transfer
     )
     return TeamRuntime(team, calls, prompt_format(config), reward_scorer(config), factory, sync)

@@ -130,12 +130,6 @@ class RolloutConfig(Section):
     )
     tools: ToolConfig = Field(default_factory=ToolConfig, description="the tool loop")
 
-    @property
-    def records_behaviour_logprobs(self) -> bool:
-        """Whether the engines report each sampled token's log-prob under the distribution
-        it was drawn from: the correction reads them, and so do stale rollouts' certificates."""
-        return self.correction.mode != "off" or self.max_staleness > 0
-
 
 class SandboxConfig(Section):
     """Where tool code runs (design §6): isolated local slots, or a SandboxFusion server."""

@@ -6,11 +6,14 @@ silently ignored. Seeds' keys (`algorithm.gamma`, `algorithm.lam`, `algorithm.kl
 (`sat_seq.agents`, `sat_seq.max_backtracks`, ...) are read by `config/legacy.py`.
 
 `RunConfig` and the sections it holds directly are here; the larger sections live in modules of
-their own (`team`, `algorithms`, `rollout`, `data`); import a section from where it lives.
+their own (`team`, `trainer`, `algorithms`, `rollout`, `data`); import a section from where it
+lives. The deployment the config asks for is `RunConfig.plan` (`config/team_plan.py`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -27,95 +30,16 @@ from satseq.config.data import (
 )
 from satseq.config.legacy import spell_as_today
 from satseq.config.rollout import (
-    EngineResources,
     RolloutConfig,
     SandboxConfig,
 )
-from satseq.config.section import Offload, Section
+from satseq.config.section import Section
 from satseq.config.team import (
     LoraConfig,
     TeamConfig,
 )
-
-
-class TrainerConfig(Section):
-    """The learners and the stage loop: optimizer, batches, precision, memory, checkpoints."""
-
-    stages: int = Field(10, ge=1, description="stages to run (each: rollouts, then the updates)")
-    batch_size: int = Field(8, ge=1, description="prompts per stage (B)")
-    micro_batch_size: int = Field(
-        8, ge=1, description="trajectories per forward/backward pass (gradient accumulation)"
-    )
-    mini_batch_size: int | None = Field(
-        None,
-        ge=1,
-        description="trajectories per optimiser step (the seeds' ppo_mini_batch_size, counted "
-        "in trajectories): each epoch takes one step per shuffled mini-batch of an agent's "
-        "stage batch; None: one step over the whole batch",
-    )
-    ppo_epochs: int = Field(
-        1, ge=1, description="passes over an agent's stage batch, each checked by the trust region"
-    )
-    lr: float = Field(
-        1e-5, gt=0.0, description="AdamW learning rate (a backtrack shrinks the step)"
-    )
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
-    grad_clip: float = Field(1.0, gt=0.0, description="max global gradient norm per step")
-    max_tokens_per_micro_batch: int | None = Field(
-        None, ge=1, description="also cap a micro-batch's padded tokens (prompt + response)"
-    )
-    logit_chunk_tokens: int = Field(
-        1024, ge=1, description="response tokens per output-layer chunk: logits are [chunk, V]"
-    )
-    gradient_checkpointing: bool = Field(
-        False, description="recompute activations in backward: same results, less memory"
-    )
-    fp32_head: bool = Field(
-        True,
-        description="the output layer's matmul in float32 under bf16 autocast, in the learner "
-        "and in the rollout engines alike (log-probs, KL and IS weights from float32 logits)",
-    )
-    workers_per_agent: int = Field(
-        1,
-        ge=1,
-        description="W learner ranks per agent, the model sharded over them with FSDP2 (NCCL "
-        "on GPUs, gloo on the CPU); each rank takes a trainer.resources bundle",
-    )
-    offload: Offload = Field(
-        "none",
-        description="idle_agents: between its updates a learner keeps its master weights and "
-        "AdamW state in host memory, and the rollout engines sleep while learners work",
-    )
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto",
-        description="compute dtype (autocast); master weights and AdamW state are float32. "
-        "auto: bfloat16 on a GPU, float32 on the CPU",
-    )
-    save_dtype: Literal["float32", "bfloat16"] | None = Field(
-        None, description="HF checkpoints and engine weights; default: the compute dtype"
-    )
-    save_every: int = Field(
-        5, ge=1, description="write agent_<name>/stage_<k>/ every N stages and after the last"
-    )
-    max_stage_retries: int = Field(
-        3, ge=0, description="retries of a stage after an actor or node died; then the run stops"
-    )
-    val_every: int = Field(
-        0, ge=0, description="validate on data.val_files every N stages and at the end; 0: never"
-    )
-    seed: int = Field(0, description="seeds prompt order, the scheduler, sampling, learners")
-    resources: EngineResources = Field(
-        default_factory=EngineResources,
-        description="each learner process's bundle (a rank's, or the shared LoRA learners')",
-    )
-    lora: LoraConfig | None = Field(
-        None, description="every agent a LoRA adapter on its path, unless team.agents[i].lora says"
-    )
-    share_lora_learners: bool = Field(
-        True,
-        description="the LoRA agents of one base share one learner process (one interpreter, "
-        "torch and base; their calls take turns); false: a process each",
-    )
+from satseq.config.team_plan import TeamPlan
+from satseq.config.trainer import TrainerConfig
 
 
 class EvalConfig(Section):
@@ -251,27 +175,20 @@ class RunConfig(Section):
             raise ValueError("team.agents is empty: list at least one {name, path}")
         return self
 
-    def agent_offload(self, i: int) -> Offload:
-        """Agent i's `offload`: its own, else `trainer.offload`."""
-        return self.team.agents[i].offload or self.trainer.offload
+    @cached_property
+    def plan(self) -> TeamPlan:
+        """The team's deployment (`config/team_plan.py`), worked out once from this config:
+        the checks below, placement, the launch settings, the memory plan and the runtime all
+        read it."""
+        return TeamPlan.of(self.team, self.trainer, self.rollout)
 
-    def agent_workers(self, i: int) -> int:
-        """W, agent i's learner ranks: its own `workers`, else `trainer.workers_per_agent`."""
-        return self.team.agents[i].workers or self.trainer.workers_per_agent
-
-    @property
-    def overlapped(self) -> bool:
-        """Whether a stage's generation runs while the previous stage's learners update
-        (`rollout.max_staleness` ≥ 1)."""
-        return self.rollout.max_staleness > 0
-
-    @property
-    def engines_share_devices(self) -> bool:
-        """Whether the rollout engines share their devices with the learners: some agent keeps
-        its idle state in host memory (`offload: idle_agents`, its own or trainer's), so the
-        engines sleep while learners work. Placement, the engines' sleep mode, the runtime and
-        the checks below all read this one answer."""
-        return any(self.agent_offload(i) == "idle_agents" for i in range(len(self.team.agents)))
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> RunConfig:
+        """pydantic's copy, whose `plan` is worked out again (from the updated sections)."""
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop("plan", None)
+        return copied
 
     def agent_lora(self, i: int) -> LoraConfig | None:
         """Agent i's adapter: its own `lora`, else `trainer.lora`; None: a full model."""
@@ -286,9 +203,8 @@ class RunConfig(Section):
             if self.agent_lora(i) is None:
                 continue
             lora_key = f"team.agents.{i}.lora" if agent.lora else "trainer.lora"
-            workers = agent.workers or self.trainer.workers_per_agent
+            workers, key = self.plan.agents[i].workers, self.plan.agents[i].workers_key
             if workers > 1:
-                key = f"team.agents.{i}.workers" if agent.workers else "trainer.workers_per_agent"
                 raise ValueError(
                     f"{key}: {workers} with {lora_key} set for agent {agent.name!r}: a LoRA agent "
                     "cannot be sharded over several learner ranks (FSDP2 + LoRA is not built); "
@@ -325,14 +241,14 @@ class RunConfig(Section):
     def _collective_sync_needs_vllm_awake(self) -> RunConfig:
         """A collective weight sync goes into vLLM's weight-transfer API, and into engines that
         are awake: not the hf engine, nor engines that sleep while learners work."""
-        if self.rollout.weight_sync != "collective":
+        if self.plan.weight_sync != "collective":
             return self
-        if self.rollout.engine != "vllm":
+        if self.plan.engine != "vllm":
             raise ValueError(
                 "rollout.weight_sync: collective needs rollout.engine: vllm (the hf engine "
                 "takes weights through the object store: rollout.weight_sync: object_store)"
             )
-        if self.engines_share_devices:
+        if self.plan.engines_share_devices:
             raise ValueError(
                 "rollout.weight_sync: collective needs engines that stay awake; with "
                 "trainer.offload (or team.agents[i].offload): idle_agents use object_store"
@@ -343,7 +259,7 @@ class RunConfig(Section):
     def _overlap_needs_devices_of_their_own(self) -> RunConfig:
         """Overlapped stages run generation and updates at once: engines that sleep while
         the learners work (a shared device) cannot."""
-        if self.overlapped and self.engines_share_devices:
+        if self.plan.overlapped and self.plan.engines_share_devices:
             raise ValueError(
                 f"rollout.max_staleness: {self.rollout.max_staleness} overlaps generation with "
                 "the learners' updates, but trainer.offload (or team.agents[i].offload): "

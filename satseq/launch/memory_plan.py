@@ -217,7 +217,7 @@ def plan(run: RunConfig, gpu_gib: float, prompt_tokens: int) -> list[Phase]:
     for i, agent in enumerate(run.team.agents):
         config = model_config(agent.path)
         lora = run.agent_lora(i)
-        workers = run.agent_workers(i)
+        workers = run.plan.agents[i].workers
         parts = learner_update(
             config, compute, workload, workers=workers,
             exact_kl=run.algorithm.name == "sat_seq" and run.algorithm.kl_ctrl.estimator == "exact",
@@ -227,7 +227,7 @@ def plan(run: RunConfig, gpu_gib: float, prompt_tokens: int) -> list[Phase]:
         who = f"learner {agent.name}" + (f" (each of {workers} ranks)" if workers > 1 else "")
         phases.append(Phase(who, "update", parts, learner_budget))
         engines.setdefault(agent.path if lora is not None else agent.name, config)
-    if rollout.engine == "vllm" and rollout.resources.num_gpus > 0:  # each engine its share
+    if run.plan.vllm_on_gpus:  # each engine its share
         engine_gib = rollout.gpu_memory_utilization * gpu_gib
         held = {f"engine {key}": engine_gib for key in engines}
         for j in range(rollout.num_actors):

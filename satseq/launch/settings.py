@@ -80,25 +80,9 @@ def eval_sampling_spec(config: RunConfig) -> SamplingSpec:
 
 
 def engine_options(config: RunConfig) -> dict:
-    """The rollout engines' options: torch threads per CPU core of the actor, the output
-    layer's precision (`trainer.fp32_head`, as the learner computes it), and for vLLM on
-    a GPU the share of its memory to take (`rollout.gpu_memory_utilization`) and, when the
-    engines sleep while the learners train (`RunConfig.engines_share_devices`), its sleep
-    mode."""
-    rollout = config.rollout
-    options: dict = {
-        "num_threads": max(1, int(rollout.resources.num_cpus)),
-        "fp32_head": config.trainer.fp32_head,  # the learner's precision, on both sides
-    }
-    if rollout.engine == "vllm" and rollout.records_behaviour_logprobs:
-        # the rollout correction reads each sampled token's log-prob under the sampling
-        # distribution (design §12)
-        options["logprobs_mode"] = "processed_logprobs"
-    if rollout.engine == "vllm" and rollout.resources.num_gpus > 0:
-        options["gpu_memory_utilization"] = rollout.gpu_memory_utilization
-        if config.engines_share_devices:
-            options["enable_sleep_mode"] = True
-    return options
+    """The rollout engines' options, as the run's plan has them (`TeamPlan.engine_options`): a
+    copy, for the caller to add to."""
+    return dict(config.plan.engine_options)
 
 
 def local_sandbox_settings(config: SandboxConfig) -> LocalSandboxSettings:

@@ -39,7 +39,7 @@ def test_an_agent_takes_its_own_workers_or_the_trainers():
         QUICKSTART,
         ["trainer.workers_per_agent=2", "team.agents.1.workers=4"],
     )
-    assert [config.agent_workers(i) for i in range(3)] == [2, 4, 2]
+    assert [agent.workers for agent in config.plan.agents] == [2, 4, 2]
     settings = LearnerSettings(LossSpec(), TrustRegionSpec())
     specs = [learner_spec(config, i, settings, "cpu", 1) for i in range(3)]
     assert [spec.workers for spec in specs] == [2, 4, 2]
@@ -57,9 +57,9 @@ def test_an_agent_takes_its_own_workers_or_the_trainers():
 def test_the_lora_agents_of_one_base_share_a_learner_process(builtin_models, overrides, hosts):
     one_base = [f"team.agents.{i}.path=builtin:tiny-carry-0" for i in (1, 2)]
     config = load_config(QUICKSTART, ["trainer.lora.rank=8", *one_base, *overrides])
-    assert learner_hosts(config, agent_model_dirs(config)) == hosts
+    assert learner_hosts(config.plan, agent_model_dirs(config)) == hosts
     full = load_config(QUICKSTART, one_base)
-    assert learner_hosts(full, agent_model_dirs(full)) == [[0], [1], [2]]
+    assert learner_hosts(full.plan, agent_model_dirs(full)) == [[0], [1], [2]]
 
 
 def test_the_agents_of_one_process_share_its_bundle_and_a_sharded_agent_has_one_a_rank():
@@ -86,14 +86,13 @@ def test_the_agents_of_one_process_share_its_bundle_and_a_sharded_agent_has_one_
 def test_the_weight_sync_path_follows_the_engine_and_the_devices(
     overrides, learner_gpus, rollout_gpus, path
 ):
-    config = load_config(QUICKSTART, overrides)
-    placement = TeamPlacement(None, [[0]], learner_gpus, rollout_gpus)
-    assert placement.weight_transfer(config) == path
+    plan = load_config(QUICKSTART, overrides).plan
+    assert plan.weight_transfer(learner_gpus, rollout_gpus) == path
 
 
 def test_a_collective_sync_between_a_gpu_and_the_cpu_says_what_to_change():
-    config = load_config(QUICKSTART, ["rollout.engine=vllm", "rollout.weight_sync=collective"])
+    plan = load_config(QUICKSTART, ["rollout.engine=vllm", "rollout.weight_sync=collective"]).plan
     with pytest.raises(ValueError, match=r"GPUs of their own or both on the CPU.*object_store"):
-        TeamPlacement(None, [[0]], 1.0, 0.0).weight_transfer(config)
+        plan.weight_transfer(1.0, 0.0)
     with pytest.raises(ValueError, match="GPUs of their own"):
-        TeamPlacement(None, [[0]], 0.5, 0.5).weight_transfer(config)
+        plan.weight_transfer(0.5, 0.5)

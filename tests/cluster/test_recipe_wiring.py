@@ -238,7 +238,7 @@ def test_one_agent_that_offloads_puts_the_vllm_engines_to_sleep_on_a_gpu():
     gpu = ["rollout.engine=vllm", "rollout.resources.num_gpus=0.5"]
     assert "enable_sleep_mode" not in engine_options(load_config(QUICKSTART, gpu))
     config = load_config(QUICKSTART, [*gpu, "team.agents.2.offload=idle_agents"])
-    assert config.engines_share_devices and engine_options(config)["enable_sleep_mode"]
+    assert config.plan.engines_share_devices and engine_options(config)["enable_sleep_mode"]
 
 
 def test_the_update_metrics_carry_the_peak_device_memory_where_there_is_one():

@@ -46,7 +46,7 @@ def rollout_queue(
 
     def planned(stage: int) -> RolloutPlan:
         stage_plan = plan(stage)
-        if not rollout.records_behaviour_logprobs:
+        if not config.plan.records_behaviour_logprobs:
             return stage_plan
         return replace(stage_plan, spec=replace(stage_plan.spec, behaviour_logprobs=True))
 

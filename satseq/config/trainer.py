@@ -1,0 +1,91 @@
+"""The `trainer:` section: the learners and the stage loop (design §2, §11)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from satseq.config.rollout import EngineResources
+from satseq.config.section import Offload, Section
+from satseq.config.team import LoraConfig
+
+
+class TrainerConfig(Section):
+    """The learners and the stage loop: optimizer, batches, precision, memory, checkpoints."""
+
+    stages: int = Field(10, ge=1, description="stages to run (each: rollouts, then the updates)")
+    batch_size: int = Field(8, ge=1, description="prompts per stage (B)")
+    micro_batch_size: int = Field(
+        8, ge=1, description="trajectories per forward/backward pass (gradient accumulation)"
+    )
+    mini_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="trajectories per optimiser step (the seeds' ppo_mini_batch_size, counted "
+        "in trajectories): each epoch takes one step per shuffled mini-batch of an agent's "
+        "stage batch; None: one step over the whole batch",
+    )
+    ppo_epochs: int = Field(
+        1, ge=1, description="passes over an agent's stage batch, each checked by the trust region"
+    )
+    lr: float = Field(
+        1e-5, gt=0.0, description="AdamW learning rate (a backtrack shrinks the step)"
+    )
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0.0, description="max global gradient norm per step")
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="also cap a micro-batch's padded tokens (prompt + response)"
+    )
+    logit_chunk_tokens: int = Field(
+        1024, ge=1, description="response tokens per output-layer chunk: logits are [chunk, V]"
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="recompute activations in backward: same results, less memory"
+    )
+    fp32_head: bool = Field(
+        True,
+        description="the output layer's matmul in float32 under bf16 autocast, in the learner "
+        "and in the rollout engines alike (log-probs, KL and IS weights from float32 logits)",
+    )
+    workers_per_agent: int = Field(
+        1,
+        ge=1,
+        description="W learner ranks per agent, the model sharded over them with FSDP2 (NCCL "
+        "on GPUs, gloo on the CPU); each rank takes a trainer.resources bundle",
+    )
+    offload: Offload = Field(
+        "none",
+        description="idle_agents: between its updates a learner keeps its master weights and "
+        "AdamW state in host memory, and the rollout engines sleep while learners work",
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="compute dtype (autocast); master weights and AdamW state are float32. "
+        "auto: bfloat16 on a GPU, float32 on the CPU",
+    )
+    save_dtype: Literal["float32", "bfloat16"] | None = Field(
+        None, description="HF checkpoints and engine weights; default: the compute dtype"
+    )
+    save_every: int = Field(
+        5, ge=1, description="write agent_<name>/stage_<k>/ every N stages and after the last"
+    )
+    max_stage_retries: int = Field(
+        3, ge=0, description="retries of a stage after an actor or node died; then the run stops"
+    )
+    val_every: int = Field(
+        0, ge=0, description="validate on data.val_files every N stages and at the end; 0: never"
+    )
+    seed: int = Field(0, description="seeds prompt order, the scheduler, sampling, learners")
+    resources: EngineResources = Field(
+        default_factory=EngineResources,
+        description="each learner process's bundle (a rank's, or the shared LoRA learners')",
+    )
+    lora: LoraConfig | None = Field(
+        None, description="every agent a LoRA adapter on its path, unless team.agents[i].lora says"
+    )
+    share_lora_learners: bool = Field(
+        True,
+        description="the LoRA agents of one base share one learner process (one interpreter, "
+        "torch and base; their calls take turns); false: a process each",
+    )
