@@ -45,8 +45,9 @@ class TrainerConfig(Section):
     )
     fp32_head: bool = Field(
         True,
-        description="the output layer's matmul in float32 under bf16 autocast, in the learner "
-        "and in the rollout engines alike (log-probs, KL and IS weights from float32 logits)",
+        description="the output layer's product float32-accurate under bf16 autocast (a float32 "
+        "matmul; on a GPU's tensor cores, three bf16 products), in the learner and in the rollout "
+        "engines alike (log-probs, KL and IS weights from float32-accurate logits)",
     )
     workers_per_agent: int = Field(
         1,
