@@ -1,13 +1,16 @@
 """Learner throughput and memory against a bare training loop on the same tokens ([2.1]).
 
-Each mode runs in its own process (so peak memory is its own): `bare` is a plain
-forward + cross-entropy + backward + AdamW loop over full logits, in the same precision as the
-learner (float32 masters, autocast compute); the learner modes are `Learner.update` with one
+Each mode runs in its own process (so peak memory is its own): `bare` is a good training loop
+on the learner's own kernels (`learner_workload.bare_step`: packed shared prompts, the fused
+output layer over the response tokens, cross-entropy, backward, AdamW, each weight cast once a
+step, in the learner's precision), `bare+check` the same plus the one forward pass a
+trust-region check adds; the learner modes are `Learner.update` with one
 step: `exact` (exact vocabulary KL + trust region), `k3` (k3 KL + trust region) and `plain`
 (PPO-clip as GRPO takes it: no trust region, no pass after the step, the behaviour log-probs
-from the step's own forward). It prints tokens/s, the ratio to `bare`, MFU on CUDA (6N FLOPs
-per token over --peak-tflops) and peak memory (CUDA: allocated; CPU: the process's max RSS),
-then the cost of one backtrack (snapshot, restore, and the retried step). The workload is
+from the step's own forward). It prints tokens/s, the ratio to the mode's baseline
+(`learner_workload.BASELINE`: `bare+check` for exact and k3, `bare` for plain), MFU on CUDA
+(6N FLOPs per token over --peak-tflops) and peak memory (CUDA: allocated; CPU: the process's
+max RSS), then the cost of one backtrack (snapshot, restore, and the retried step). The workload is
 `learner_workload`'s, as `gpu_sheet.py`'s, which measures all of this on a GPU in one command.
 Not a timed test: it prints numbers.
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +32,8 @@ from pathlib import Path
 
 import torch
 from learner_workload import (
+    BARE_MODES,
+    BASELINE,
     SIZES,
     backtrack_costs,
     build_model,
@@ -36,7 +42,7 @@ from learner_workload import (
     time_mode,
 )
 
-MODES = ("bare", "exact", "k3", "plain")
+MODES = ("bare", "bare+check", "exact", "k3", "plain")
 
 
 def make_learner(args, path: str, mode: str):
@@ -44,7 +50,7 @@ def make_learner(args, path: str, mode: str):
 
     return Learner(
         learner_spec(
-            "plain" if mode == "bare" else mode,
+            "plain" if mode in BARE_MODES else mode,
             path,
             optimizer=OptimizerSpec(lr=1e-6),
             dtype=args.dtype,
@@ -73,6 +79,39 @@ def worker(args, path: str, mode: str) -> dict:
     return result
 
 
+def paired(args, path: str, modes: list[str]) -> dict[str, list[float]]:
+    """Every mode in this process, `--paired` rounds each timing one step of every mode in
+    turn (after a warm-up round), so that the machine's drift slows each mode's step of a
+    round alike: seconds per step of each mode, round by round."""
+    learners = {mode: make_learner(args, path, mode) for mode in modes if mode != "bare+check"}
+    learners["bare+check"] = learners.get("bare") or make_learner(args, path, "bare")
+    vocab = learners[modes[0]].policy.model.config.vocab_size
+    trajectories = random_trajectories(args.sequences, args.prompt_len, args.response_len, vocab)
+    seconds = {mode: [] for mode in modes}
+    for round_ in range(args.paired + 1):
+        for mode in modes:
+            row = time_mode(learners[mode], mode, trajectories, 1, args.device, warm_up=False)
+            if round_:
+                seconds[mode].append(row["seconds"])
+    return seconds
+
+
+def print_paired(args, seconds: dict[str, list[float]]) -> None:
+    """Each mode's median tokens/s, and the median over rounds of its ratio to its baseline
+    (with the lowest and highest round's)."""
+    tokens = args.sequences * (args.prompt_len + args.response_len)
+    print(f"{args.paired} paired rounds, one step of each mode a round")
+    print(f"{'mode':10} {'tokens/s':>10} {'÷ base':>7} {'base':>10} {'rounds':>13}")
+    for mode, times in seconds.items():
+        base = BASELINE.get(mode, "bare")
+        ratios = sorted(b / t for b, t in zip(seconds.get(base, times), times, strict=True))
+        print(
+            f"{mode:10} {tokens / statistics.median(times):10.0f} "
+            f"{statistics.median(ratios):7.2f} {base:>10} "
+            f"{f'{ratios[0]:.2f}–{ratios[-1]:.2f}':>13}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
@@ -85,6 +124,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="H100 dense bf16")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument(
+        "--paired",
+        type=int,
+        default=0,
+        help="N: every mode in one process, N rounds of one step each in turn (ratios per "
+        "round; no peak memory)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -95,6 +141,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_model(args.size, Path(tmp), args.device)
+        if args.paired:
+            print_paired(args, paired(args, path, args.modes.split(",")))
+            return
         results = {}
         for mode in args.modes.split(","):
             command = [sys.executable, __file__, *sys.argv[1:], "--worker", mode, "--model", path]
@@ -108,13 +157,18 @@ def main() -> None:
         f"{args.sequences} × ({args.prompt_len} + {args.response_len}) tokens, "
         f"micro-batch {args.micro_batch}"
     )
-    print(f"{'mode':8} {'tokens/s':>10} {'÷ bare':>7} {'MFU':>6} {'peak GiB':>9} {'÷ bare':>7}")
+    print(
+        f"{'mode':10} {'tokens/s':>10} {'÷ base':>7} {'base':>10} {'MFU':>6} {'peak GiB':>9} "
+        f"{'÷ bare':>7}"
+    )
     for mode, r in results.items():
         rate = tokens / r["seconds"]
         mfu = 6 * N * rate / (args.peak_tflops * 1e12) if args.device.startswith("cuda") else None
+        base = results.get(BASELINE.get(mode, "bare"))
         print(
-            f"{mode:8} {rate:10.0f} "
-            f"{bare['seconds'] / r['seconds'] if bare else float('nan'):7.2f} "
+            f"{mode:10} {rate:10.0f} "
+            f"{base['seconds'] / r['seconds'] if base else float('nan'):7.2f} "
+            f"{BASELINE.get(mode, 'bare'):>10} "
             f"{f'{100 * mfu:5.1f}%' if mfu is not None else '    -'} "
             f"{r['peak_gib']:9.2f} "
             f"{r['peak_gib'] / bare['peak_gib'] if bare else float('nan'):7.2f}"

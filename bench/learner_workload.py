@@ -8,6 +8,7 @@ bare GPU machine with the repository on PYTHONPATH.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -29,6 +30,15 @@ SIZES = {  # Qwen2 shapes; vocabularies as large as real models', where the memo
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+    ),
+    "smollm2": dict(  # SmolLM2-135M's shapes (a Llama) in a Qwen2: 135M parameters
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
         vocab_size=49152,
         tie_word_embeddings=True,
     ),
@@ -61,6 +71,10 @@ SIZES = {  # Qwen2 shapes; vocabularies as large as real models', where the memo
     ),
 }
 MODES = ("exact", "k3", "plain", "lora")
+BARE_MODES = ("bare", "bare+check")
+BASELINE = {"exact": "bare+check", "k3": "bare+check", "plain": "bare", "lora": "bare"}
+"""What each learner mode's throughput is compared with: the bare loop, plus the forward pass
+the trust region's check needs where the mode checks."""
 """The learner's update modes: SAT-Seq's trust region with the exact vocabulary KL or k3, plain
 PPO-clip steps as GRPO takes them (no measuring pass after the step), and the exact mode on a
 LoRA agent ([3.3], where it has landed)."""
@@ -153,24 +167,32 @@ def learner_spec(mode: str, path: str, lora_rank: int = 16, **settings):
     )
 
 
-def bare_step(policy, trajectories) -> None:
-    """The baseline: forward over full logits [n, L, V], cross-entropy on every next token,
-    backward, gradient clipping and AdamW, over the learner's own model, optimiser and
-    micro-batches (`policy`: an `AgentPolicy`)."""
-    policy.optimizer.zero_grad(set_to_none=True)
-    for _, batch in policy.micro_batches(trajectories):
-        batch = batch.to(policy.device)
+def bare_step(policy, trajectories, check_pass: bool = False) -> None:
+    """The baseline, a good training loop on the learner's own model, optimiser, micro-batches
+    and kernels: the trunk's forward (shared prompts packed, as the learner packs them), the
+    fused output layer's log-probs of the response tokens, cross-entropy (their token mean),
+    backward, gradient clipping and AdamW (fused on CUDA), each weight cast once a step.
+    `policy`: an `AgentPolicy`. check_pass: then one forward pass without gradients over the
+    batch (the response log-probs), the pass a trust-region check adds: exact and k3 are
+    compared with this."""
+    from satseq.actors.forward import response_logprobs
+
+    def logprobs(batch):
         with policy.autocast():
-            logits = policy.model(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask
-            ).logits
-        targets = batch.input_ids[:, 1:].masked_fill(batch.attention_mask[:, 1:] == 0, -100)
-        loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100
-        )
-        (loss * len(batch.input_ids) / len(trajectories)).backward()
+            return response_logprobs(policy.trunk, batch, 1.0, policy.spec.logit_chunk_tokens)
+
+    policy.optimizer.zero_grad(set_to_none=True)
+    with policy.cast_once():
+        for _, batch in policy.micro_batches(trajectories):
+            batch = batch.to(policy.device)
+            loss = -logprobs(batch).sum() / batch.response_lengths.sum()
+            (loss * len(batch.input_ids) / len(trajectories)).backward()
     torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
     policy.optimizer.step()
+    if check_pass:
+        with torch.no_grad(), policy.cast_once():
+            for _, batch in policy.micro_batches(trajectories):
+                logprobs(batch.to(policy.device))
 
 
 def synchronize(device: str) -> None:
@@ -178,11 +200,11 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed(step, repeats: int, device: str, prepare=None) -> float:
-    """Seconds per call of `step`, after one warm-up call; `prepare()` runs untimed before
-    each call."""
+def timed(step, repeats: int, device: str, prepare=None, warm_up: bool = True) -> float:
+    """Seconds per call of `step`, after one warm-up call (unless not `warm_up`); `prepare()`
+    runs untimed before each call."""
     total = 0.0
-    for call in range(repeats + 1):
+    for call in range(0 if warm_up else 1, repeats + 1):
         if prepare is not None:
             prepare()
         synchronize(device)
@@ -193,8 +215,11 @@ def timed(step, repeats: int, device: str, prepare=None) -> float:
     return total / repeats
 
 
-def time_mode(learner, mode: str, trajectories, repeats: int, device: str) -> dict:
-    """Seconds per step of `mode` (`bare` or one of MODES) on `learner`, after a warm-up. Each
+def time_mode(
+    learner, mode: str, trajectories, repeats: int, device: str, warm_up: bool = True
+) -> dict:
+    """Seconds per step of `mode` (one of BARE_MODES or MODES) on `learner`, after a warm-up
+    (unless not `warm_up`: the caller ran one). Each
     update starts a stage: SAT-Seq's modes at logp_cur of the weights it starts from, from a
     separate pass (untimed), GRPO's `plain` from its first forward; an update timed against an
     older logp_cur would time ratios that drift further at every repeat. For the update modes,
@@ -202,8 +227,9 @@ def time_mode(learner, mode: str, trajectories, repeats: int, device: str) -> di
     of reach: each should be one accepted step)."""
     A = torch.linspace(-1, 1, len(trajectories))
     c = torch.ones(len(trajectories))
-    if mode == "bare":
-        return {"seconds": timed(lambda: bare_step(learner.policy, trajectories), repeats, device)}
+    if mode in BARE_MODES:
+        step = functools.partial(bare_step, learner.policy, trajectories, mode == "bare+check")
+        return {"seconds": timed(step, repeats, device, warm_up=warm_up)}
     stage = {"logp_cur": None}
     results = []
 
@@ -215,6 +241,7 @@ def time_mode(learner, mode: str, trajectories, repeats: int, device: str) -> di
         repeats,
         device,
         prepare=None if mode == "plain" else new_stage,
+        warm_up=warm_up,
     )
     steps = [step for result in results for step in result.steps]
     return {
