@@ -256,9 +256,12 @@ class FusedOutputLayer(torch.autograd.Function):
         layer = _prepared(OutputLayer(weight, bias, head.float32_logits), head.dtype)
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp
         wide = torch.promote_types(ctx.weight_dtype, torch.float32)
-        grad_hidden = torch.empty_like(hidden)
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a LoRA head is frozen
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=wide, device=weight.device)
-        grad_bias = None if bias is None else torch.zeros_like(grad_weight[:, 0])
+        grad_weight = grad_weight if need_weight else None
+        grad_bias = torch.zeros(weight.shape[0], dtype=wide, device=weight.device)
+        grad_bias = grad_bias if need_bias else None
         for c in _chunks(hidden.shape[0], head.chunk_tokens):
             if ctx.kept is not None:
                 (p, a), ctx.kept = ctx.kept, None
@@ -269,12 +272,15 @@ class FusedOutputLayer(torch.autograd.Function):
             g_kl_c = None if g_kl is None else g_kl[c]
             grad_s = _score_gradient(p, a, _rows(kl, c), g_logp[c], g_kl_c, tokens[c])
             grad_logits = grad_s.div_(head.temperature)
-            grad_hidden[c] = gradient_product(grad_logits, weight.T, head.dtype).to(hidden.dtype)
-            grad_weight += gradient_product(grad_logits.T, hidden[c].T, head.dtype)
+            if grad_hidden is not None:
+                grad_hidden[c] = gradient_product(grad_logits, weight.T, head.dtype)
+            if grad_weight is not None:
+                grad_weight += gradient_product(grad_logits.T, hidden[c].T, head.dtype)
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
+        grad_weight = None if grad_weight is None else grad_weight.to(ctx.weight_dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
-        return grad_hidden, grad_weight.to(ctx.weight_dtype), grad_bias, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
 def _rows(x: torch.Tensor | None, c: slice) -> torch.Tensor | None:

@@ -267,3 +267,26 @@ def test_the_tensor_core_path_emulated_on_the_cpu(monkeypatch):
     assert (states.grad.double() - h64.grad).abs().max() < 1e-2 * h64.grad.abs().max()
     weight_splits = [shape for shape in splits if shape == weight.shape]
     assert len(weight_splits) == 3  # π_θ's W in forward and in backward, π_cur's once
+
+
+def test_a_frozen_output_layer_gets_no_gradient_and_costs_no_product(monkeypatch):
+    """A LoRA agent's head is frozen: backward computes the states' gradient alone (one product
+    a chunk, not two), equal to the trainable head's."""
+    import satseq.algo.lm_head as lm_head
+
+    hidden, reference_hidden, weight, bias, reference, tokens = _problem(12, 4, 9, 2)
+    grads, products = [], []
+    gradient_product = lm_head.gradient_product
+    monkeypatch.setattr(
+        lm_head, "gradient_product", lambda *a: products.append(1) or gradient_product(*a)
+    )
+    for trainable in (True, False):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_(trainable)
+        logp, kl = chunked_logprobs_and_kl(
+            h, tokens, OutputLayer(w, bias), 0.9, reference_hidden, reference, chunk_tokens=5
+        )
+        (logp.sum() + kl.sum()).backward()
+        grads.append(h.grad)
+        assert (w.grad is not None) == trainable
+        assert len(products) == (6 if trainable else 9)  # 3 chunks: 2 products each, then 1
+    torch.testing.assert_close(grads[0], grads[1])
