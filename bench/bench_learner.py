@@ -15,6 +15,7 @@ max RSS), then the cost of one backtrack (snapshot, restore, and the retried ste
 Not a timed test: it prints numbers.
 
     .venv/bin/python bench/bench_learner.py                      # CPU, a 16M model, vocab 49k
+    .venv/bin/python bench/bench_learner.py --size smollm2 --sequences 4 --paired 6
     python bench/bench_learner.py --device cuda --size 0.5b --sequences 16 --prompt-len 256 \
         --response-len 1792 --micro-batch 4
 """
