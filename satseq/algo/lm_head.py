@@ -34,27 +34,27 @@ Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """a [m, H] × b [n, H] → a bᵀ [m, n] in float32"""
 
 
-def bf16_pieces(x: torch.Tensor) -> list[torch.Tensor]:
+def bf16_pieces(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """x as a sum of bf16 tensors: itself if bf16, else three (x_0 = bf16(x), x_1 = bf16(x − x_0),
     x_2 = bf16(x − x_0 − x_1)), which hold float32's 24 bits."""
     if x.dtype == torch.bfloat16:
-        return [x]
+        return (x,)
     pieces, rest = [], x.float()
     for _ in range(3):
         pieces.append(rest.bfloat16())
         rest = rest - pieces[-1].float()
-    return pieces
+    return tuple(pieces)
 
 
 def split_bf16_product(
-    a: torch.Tensor, b: torch.Tensor | list[torch.Tensor], mm: Product
+    a: torch.Tensor, b: torch.Tensor | tuple[torch.Tensor, ...], mm: Product
 ) -> torch.Tensor:
     """a bᵀ [m, n] to float32 accuracy from bf16 products accumulated in float32 (`mm` takes
     bf16 operands and returns float32): Σ a_i b_jᵀ over the `bf16_pieces` with i + j ≤ 2 (each
     dropped term is ≤ 2⁻²⁴ of the product); three products for bf16 states and a float32 W,
     six for two float32 operands. `b` may be given as its pieces, split once for many calls."""
     a_pieces = bf16_pieces(a)
-    b_pieces = b if isinstance(b, list) else bf16_pieces(b)
+    b_pieces = b if isinstance(b, tuple) else bf16_pieces(b)
     product = mm(a_pieces[0], b_pieces[0])
     for i, a_i in enumerate(a_pieces):
         for j, b_j in enumerate(b_pieces):
@@ -86,7 +86,7 @@ def on_tensor_cores(x: torch.Tensor) -> bool:
 
 
 def float32_product(
-    a: torch.Tensor, b: torch.Tensor, b_pieces: list[torch.Tensor] | None = None
+    a: torch.Tensor, b: torch.Tensor, b_pieces: tuple[torch.Tensor, ...] | None = None
 ) -> torch.Tensor:
     """a bᵀ [m, n] accurate to float32 from a [m, H], b [n, H] of any float dtype: on tensor
     cores where the device has them (`b_pieces`: b's `bf16_pieces`, where the caller split it
@@ -117,7 +117,7 @@ class OutputLayer:
     weight: torch.Tensor
     bias: torch.Tensor | None = None
     float32_logits: bool = True
-    pieces: list[torch.Tensor] | None = None
+    pieces: tuple[torch.Tensor, ...] | None = None
     """W's `bf16_pieces` on tensor cores, split once for a call's chunks (`_prepared`)."""
 
     def product_dtype(self) -> torch.dtype | None:
@@ -154,7 +154,7 @@ def _product(
     a: torch.Tensor,
     b: torch.Tensor,
     dtype: torch.dtype | None,
-    b_pieces: list[torch.Tensor] | None = None,
+    b_pieces: tuple[torch.Tensor, ...] | None = None,
 ) -> torch.Tensor:
     """a bᵀ, float32 or wider: float32-accurate for dtype None, else a `dtype` product."""
     if dtype is None:
