@@ -104,7 +104,7 @@ def print_paired(args, seconds: dict[str, list[float]]) -> None:
     print(f"{args.paired} paired rounds, one step of each mode a round")
     print(f"{'mode':10} {'tokens/s':>10} {'÷ base':>7} {'base':>10} {'rounds':>13}")
     for mode, times in seconds.items():
-        base = BASELINE.get(mode, "bare")
+        base = BASELINE[mode]
         ratios = sorted(b / t for b, t in zip(seconds.get(base, times), times, strict=True))
         print(
             f"{mode:10} {tokens / statistics.median(times):10.0f} "
@@ -165,11 +165,11 @@ def main() -> None:
     for mode, r in results.items():
         rate = tokens / r["seconds"]
         mfu = 6 * N * rate / (args.peak_tflops * 1e12) if args.device.startswith("cuda") else None
-        base = results.get(BASELINE.get(mode, "bare"))
+        base = results.get(BASELINE[mode])
         print(
             f"{mode:10} {rate:10.0f} "
             f"{base['seconds'] / r['seconds'] if base else float('nan'):7.2f} "
-            f"{BASELINE.get(mode, 'bare'):>10} "
+            f"{BASELINE[mode]:>10} "
             f"{f'{100 * mfu:5.1f}%' if mfu is not None else '    -'} "
             f"{r['peak_gib']:9.2f} "
             f"{r['peak_gib'] / bare['peak_gib'] if bare else float('nan'):7.2f}"

@@ -527,7 +527,7 @@ def extras_lines(sheet: Sheet, tokens: int) -> list[str]:
 
 def baseline_seconds(entry: dict, mode: str) -> float | None:
     """Seconds a step of `mode`'s baseline took at this size (`learner_workload.BASELINE`)."""
-    return entry["rows"].get(BASELINE.get(mode, "bare"), {}).get("seconds")
+    return entry["rows"].get(BASELINE[mode], {}).get("seconds")
 
 
 def goal_lines(sheet: Sheet, tokens: int) -> list[str]:

@@ -72,9 +72,11 @@ SIZES = {  # Qwen2 shapes; vocabularies as large as real models', where the memo
 }
 MODES = ("exact", "k3", "plain", "lora")
 BARE_MODES = ("bare", "bare+check")
-BASELINE = {"exact": "bare+check", "k3": "bare+check", "plain": "bare", "lora": "bare"}
-"""What each learner mode's throughput is compared with: the bare loop, plus the forward pass
-the trust region's check needs where the mode checks."""
+BASELINE = {"exact": "bare+check", "k3": "bare+check"} | dict.fromkeys(
+    ("plain", "lora", *BARE_MODES), "bare"
+)
+"""What each mode's throughput is compared with: the bare loop, plus the forward pass the trust
+region's check needs where the mode checks."""
 """The learner's update modes: SAT-Seq's trust region with the exact vocabulary KL or k3, plain
 PPO-clip steps as GRPO takes them (no measuring pass after the step), and the exact mode on a
 LoRA agent ([3.3], where it has landed)."""

@@ -168,11 +168,14 @@ def _product(
 class _Head:
     """What one `FusedOutputLayer` call computes with besides its differentiable inputs."""
 
-    float32_logits: bool
     temperature: float
     chunk_tokens: int
     reference: OutputLayer | None  # π_cur's, constant
     dtype: torch.dtype | None = None  # the product's (`OutputLayer.product_dtype`)
+
+    def layer(self, weight: torch.Tensor, bias: torch.Tensor | None) -> OutputLayer:
+        """π_θ's layer of W and b, ready for the call's chunks (`_prepared`)."""
+        return _prepared(OutputLayer(weight, bias, self.dtype is None), self.dtype)
 
 
 def _prepared(layer: OutputLayer, dtype: torch.dtype | None) -> OutputLayer:
@@ -189,6 +192,8 @@ def _prepared(layer: OutputLayer, dtype: torch.dtype | None) -> OutputLayer:
 
 def _chunks(M: int, size: int) -> list[slice]:
     """`size` states at a time; M = 0: one empty chunk, so the outputs are typed."""
+    if size < 1:
+        raise ValueError(f"chunk_tokens must be at least 1, got {size}")
     return [slice(start, start + size) for start in range(0, max(M, 1), size)]
 
 
@@ -236,7 +241,7 @@ class FusedOutputLayer(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, tokens, reference_hidden, head: _Head):
-        layer = _prepared(OutputLayer(weight, bias, head.float32_logits), head.dtype)
+        layer = head.layer(weight, bias)
         chunks = _chunks(hidden.shape[0], head.chunk_tokens)
         parts = [
             _chunk_forward(head, layer, hidden[c], tokens[c], _rows(reference_hidden, c))
@@ -253,15 +258,15 @@ class FusedOutputLayer(torch.autograd.Function):
     def backward(ctx, g_logp, g_kl):
         hidden, weight, bias, tokens, reference_hidden, lse, kl = ctx.saved_tensors
         head = ctx.head
-        layer = _prepared(OutputLayer(weight, bias, head.float32_logits), head.dtype)
+        layer = head.layer(weight, bias)
+        # W for the gradient's products: its bf16 piece on tensor cores (split once, above)
+        w = weight if layer.pieces is None else layer.pieces[0]
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp
-        wide = torch.promote_types(ctx.weight_dtype, torch.float32)
+        wide = dict(dtype=torch.promote_types(ctx.weight_dtype, torch.float32), device=w.device)
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a LoRA head is frozen
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=wide, device=weight.device)
-        grad_weight = grad_weight if need_weight else None
-        grad_bias = torch.zeros(weight.shape[0], dtype=wide, device=weight.device)
-        grad_bias = grad_bias if need_bias else None
+        grad_weight = torch.zeros(weight.shape, **wide) if need_weight else None
+        grad_bias = torch.zeros(weight.shape[0], **wide) if need_bias else None
         for c in _chunks(hidden.shape[0], head.chunk_tokens):
             if ctx.kept is not None:
                 (p, a), ctx.kept = ctx.kept, None
@@ -273,7 +278,7 @@ class FusedOutputLayer(torch.autograd.Function):
             grad_s = _score_gradient(p, a, _rows(kl, c), g_logp[c], g_kl_c, tokens[c])
             grad_logits = grad_s.div_(head.temperature)
             if grad_hidden is not None:
-                grad_hidden[c] = gradient_product(grad_logits, weight.T, head.dtype)
+                grad_hidden[c] = gradient_product(grad_logits, w.T, head.dtype)
             if grad_weight is not None:
                 grad_weight += gradient_product(grad_logits.T, hidden[c].T, head.dtype)
             if grad_bias is not None:
@@ -303,8 +308,6 @@ def map_chunks(
     of keeping them. One chunk is not: its backward follows its forward with nothing between
     them that would use the memory, so keeping its tensors peaks about as high as recomputing
     them, and saves the recomputation."""
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
     M = rows[0].shape[0]
     checkpointed = (
         chunk_tokens < M and torch.is_grad_enabled() and any(r.requires_grad for r in rows)
@@ -338,17 +341,14 @@ def chunked_logprobs_and_kl(
     """
     if (reference is None) != (reference_hidden is None):
         raise ValueError("the exact KL needs both π_cur's hidden states and its output layer")
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
-    dtype = layer.product_dtype()
     reference = None if reference is None else _prepared(reference, reference.product_dtype())
-    head = _Head(layer.float32_logits, temperature, chunk_tokens, reference, dtype)
+    head = _Head(temperature, chunk_tokens, reference, layer.product_dtype())
     differentiable = (hidden, layer.weight, layer.bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable):
         return FusedOutputLayer.apply(
             hidden, layer.weight, layer.bias, tokens, reference_hidden, head
         )
-    layer = _prepared(layer, dtype)
+    layer = head.layer(layer.weight, layer.bias)
     parts = [
         _chunk_forward(head, layer, hidden[c], tokens[c], _rows(reference_hidden, c), False)
         for c in _chunks(hidden.shape[0], chunk_tokens)
