@@ -268,12 +268,12 @@ def trl_lora():
 
 def run_learner(args, out: Path) -> dict:
     """The learner alone: its GRPO update against the bare loop on one batch, alternating, and
-    the update with every row's prompt computed in its own row (prompt packing off: the
-    learner before it), each step's wall and CPU seconds."""
+    the update over padded rows, each prompt computed in its own row (packing off: the learner
+    before it), each step's wall and CPU seconds."""
     import torch
     from learner_workload import bare_step, random_trajectories
 
-    from satseq.actors import forward
+    from satseq.actors import packing
     from satseq.actors.learner import Learner
     from satseq.cluster.learner_specs import learner_spec
     from satseq.cluster.recipes.grpo import GrpoRecipe
@@ -292,16 +292,16 @@ def run_learner(args, out: Path) -> dict:
         B * G, 0, args.response_len, len(tokenizer), G, prompts=prompts
     )
     A, c = torch.linspace(-1, 1, B * G), torch.ones(B * G)
-    packed = forward.pack_shared_prompts
+    packable = packing.packable
 
-    def update(packing: bool):
-        forward.pack_shared_prompts = packed if packing else lambda batch, config: None
+    def update(packed: bool):
+        packing.packable = packable if packed else lambda config: False
         learner.update(trajectories, None, A, c)
 
     steps = {
         "bare": lambda: bare_step(learner.policy, trajectories),
         "update": lambda: update(True),
-        "update, prompts row by row": lambda: update(False),
+        "update, padded rows": lambda: update(False),
     }
     seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
     for round_ in range(args.learner_rounds + 1):  # round 0 warms up

@@ -1,7 +1,7 @@
 """Learner throughput and memory against a bare training loop on the same tokens ([2.1]).
 
 Each mode runs in its own process (so peak memory is its own): `bare` is a good training loop
-on the learner's own kernels (`learner_workload.bare_step`: packed shared prompts, the fused
+on the learner's own kernels (`learner_workload.bare_step`: packed without padding, the fused
 output layer over the response tokens, cross-entropy, backward, AdamW, each weight cast once a
 step, in the learner's precision), `bare+check` the same plus the one forward pass a
 trust-region check adds; the learner modes are `Learner.update` with one
@@ -41,6 +41,7 @@ from learner_workload import (
     learner_spec,
     random_trajectories,
     time_mode,
+    workload_tokens,
 )
 
 MODES = ("bare", "bare+check", "exact", "k3", "plain")
@@ -62,11 +63,17 @@ def make_learner(args, path: str, mode: str):
     )
 
 
+def workload(args, vocab: int) -> list:
+    return random_trajectories(
+        args.sequences, args.prompt_len, args.response_len, vocab, varied=args.varied
+    )
+
+
 def worker(args, path: str, mode: str) -> dict:
     """One mode in this process: seconds per step, peak memory, and the backtrack costs."""
     learner = make_learner(args, path, mode)
     vocab = learner.policy.model.config.vocab_size
-    trajectories = random_trajectories(args.sequences, args.prompt_len, args.response_len, vocab)
+    trajectories = workload(args, vocab)
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     result = {"mode": mode, **time_mode(learner, mode, trajectories, args.repeats, args.device)}
@@ -87,7 +94,7 @@ def paired(args, path: str, modes: list[str]) -> dict[str, list[float]]:
     learners = {mode: make_learner(args, path, mode) for mode in modes if mode != "bare+check"}
     learners["bare+check"] = learners.get("bare") or make_learner(args, path, "bare")
     vocab = learners[modes[0]].policy.model.config.vocab_size
-    trajectories = random_trajectories(args.sequences, args.prompt_len, args.response_len, vocab)
+    trajectories = workload(args, vocab)
     seconds = {mode: [] for mode in modes}
     for round_ in range(args.paired + 1):
         for mode in modes:
@@ -100,7 +107,7 @@ def paired(args, path: str, modes: list[str]) -> dict[str, list[float]]:
 def print_paired(args, seconds: dict[str, list[float]]) -> None:
     """Each mode's median tokens/s, and the median over rounds of its ratio to its baseline
     (with the lowest and highest round's)."""
-    tokens = args.sequences * (args.prompt_len + args.response_len)
+    tokens = workload_tokens(args.sequences, args.prompt_len, args.response_len, args.varied)
     print(f"{args.paired} paired rounds, one step of each mode a round")
     print(f"{'mode':10} {'tokens/s':>10} {'÷ base':>7} {'base':>10} {'rounds':>13}")
     for mode, times in seconds.items():
@@ -122,6 +129,9 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--response-len", type=int, default=192)
     parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument(
+        "--varied", action="store_true", help="responses of rollout-like lengths up to the length"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="H100 dense bf16")
     parser.add_argument("--modes", default=",".join(MODES))
@@ -150,7 +160,7 @@ def main() -> None:
             command = [sys.executable, __file__, *sys.argv[1:], "--worker", mode, "--model", path]
             out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
             results[mode] = json.loads(out.strip().splitlines()[-1])
-    tokens = args.sequences * (args.prompt_len + args.response_len)
+    tokens = workload_tokens(args.sequences, args.prompt_len, args.response_len, args.varied)
     N = results[next(iter(results))]["parameters"]
     bare = results.get("bare")
     print(

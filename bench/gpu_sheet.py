@@ -6,7 +6,7 @@ It needs torch and transformers only (no Ray, no vLLM, no network): the models a
 config and saved to a temporary directory. For each size, in one process, one after the other:
 
 - `bare`: a good training loop on the learner's own model, optimiser, micro-batches and kernels
-  (`learner_workload.bare_step`: packed shared prompts, the fused output layer, cross-entropy
+  (`learner_workload.bare_step`: packed without padding, the fused output layer, cross-entropy
   on the response tokens, backward, fused AdamW, each weight cast once a step); `bare+check`:
   the same plus the one forward pass a trust-region check adds;
 - the learner's update (`Learner.update`, one accepted step) in each mode: `exact` (exact
@@ -68,6 +68,7 @@ from learner_workload import (
     synchronize,
     time_mode,
     timed,
+    workload_tokens,
 )
 
 from satseq.actors.learner import Learner
@@ -253,7 +254,7 @@ def measure_size(size: str, args, sheet: Sheet, tmp: Path, save):
     release(args.device)
     shape = SIZES[size]
     trajectories = random_trajectories(
-        args.sequences, args.prompt_len, args.response_len, shape["vocab_size"]
+        args.sequences, args.prompt_len, args.response_len, shape["vocab_size"], varied=args.varied
     )
     parameters = parameter_count(path)
     plan = plan_size(size, parameters, args)
@@ -577,6 +578,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sequences", type=int)
     parser.add_argument("--prompt-len", type=int)
     parser.add_argument("--response-len", type=int)
+    parser.add_argument(
+        "--varied", action="store_true", help="responses of rollout-like lengths up to the length"
+    )
     parser.add_argument("--repeats", type=int, help="timed steps a mode (default 3, quick 1)")
     parser.add_argument("--peak-tflops", type=float, help="instead of the card table")
     parser.add_argument("--budget-s", type=float, help="start nothing after (default 420/100)")
@@ -603,14 +607,15 @@ def main() -> None:
     started = time.perf_counter()
     args = parse_args()
     args.deadline = started + args.budget_s
-    tokens = args.sequences * (args.prompt_len + args.response_len)
+    tokens = workload_tokens(args.sequences, args.prompt_len, args.response_len, args.varied)
     meta = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": args.commit,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "workload": f"{args.sequences} sequences × ({args.prompt_len} prompt + "
-        f"{args.response_len} response) tokens = {tokens:,} a step, {args.dtype} compute over "
+        f"{'up to ' if args.varied else ''}{args.response_len} response) tokens = {tokens:,} a "
+        f"step{' (rollout-like lengths)' if args.varied else ''}, {args.dtype} compute over "
         f"float32 masters, AdamW, {args.repeats} timed step(s) a mode after a warm-up",
         "args": {k: v for k, v in vars(args).items() if k != "deadline"},
     }

@@ -107,10 +107,12 @@ def random_trajectories(
     vocab: int,
     group_size: int = 1,
     prompts: list[list[int]] | None = None,
+    varied: bool = False,
 ):
     """`sequences` trajectories of random tokens, agent 0's; each run of `group_size` rows shares
     its prompt, as a GRPO group's samples do: `prompts[k]` (token ids) where given, else
-    `prompt_len` random tokens."""
+    `prompt_len` random tokens. Responses of `response_len` tokens, or where `varied` of
+    lengths spread as rollouts' are (`rollout_lengths`)."""
     from satseq.actors.trajectory import Trajectory
 
     g = torch.Generator().manual_seed(0)
@@ -119,7 +121,7 @@ def random_trajectories(
         prompts = [
             torch.randint(5, vocab, (prompt_len,), generator=g).tolist() for _ in range(groups)
         ]
-    R = response_len
+    lengths = rollout_lengths(sequences, response_len) if varied else [response_len] * sequences
     return [
         Trajectory(
             i // group_size,
@@ -129,8 +131,23 @@ def random_trajectories(
             [0] * R,
             "length",
         )
-        for i in range(sequences)
+        for i, R in enumerate(lengths)
     ]
+
+
+def workload_tokens(sequences: int, prompt_len: int, response_len: int, varied: bool) -> int:
+    """The tokens of `random_trajectories(sequences, prompt_len, response_len, ...)`."""
+    responses = rollout_lengths(sequences, response_len) if varied else [response_len] * sequences
+    return sequences * prompt_len + sum(responses)
+
+
+def rollout_lengths(sequences: int, limit: int) -> list[int]:
+    """Response lengths spread as sampled ones are: every fourth cut at the `limit`, the rest
+    limit · u² for u uniform on (0, 1] (most short): half of a padded batch's response
+    positions are padding, as in the H100 diagnosis's real batches (50–70 %)."""
+    g = torch.Generator().manual_seed(1)
+    u = torch.rand(sequences, generator=g)
+    return [limit if i % 4 == 3 else max(1, round(limit * float(x) ** 2)) for i, x in enumerate(u)]
 
 
 def lora_missing() -> str | None:
@@ -171,7 +188,7 @@ def learner_spec(mode: str, path: str, lora_rank: int = 16, **settings):
 
 def bare_step(policy, trajectories, check_pass: bool = False) -> None:
     """The baseline, a good training loop on the learner's own model, optimiser, micro-batches
-    and kernels: the trunk's forward (shared prompts packed, as the learner packs them), the
+    and kernels: the trunk's forward (packed without padding, as the learner packs), the
     fused output layer's log-probs of the response tokens, cross-entropy (their token mean),
     backward, gradient clipping and AdamW (fused on CUDA), each weight cast once a step.
     `policy`: an `AgentPolicy`. check_pass: then one forward pass without gradients over the

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from satseq.actors.prompt_packing import PackedBatch, pack_shared_prompts
+from satseq.actors.packing import PackedBatch, pack_batch
 from satseq.actors.trajectory import PaddedBatch
 from satseq.algo.lm_head import DEFAULT_CHUNK_TOKENS, OutputLayer, chunked_logprobs_and_kl
 
@@ -60,12 +60,12 @@ def response_hidden_states(
     trunk: PolicyTrunk, batch: PaddedBatch, packed: PackedBatch | str | None = LAYOUT_FROM_BATCH
 ) -> tuple[torch.Tensor, OutputLayer]:
     """The last hidden state of each state s_t, before response token t is chosen, [N, T, H]
-    (what the output layer and a value head V(s_t) read), and the output layer. Rows that
-    share a prompt run packed, the prompt once (`satseq.actors.prompt_packing`), where that
+    (what the output layer and a value head V(s_t) read), and the output layer. The rows run
+    packed, without padding and each shared prompt once (`satseq.actors.packing`), where that
     saves compute; `packed`: that layout, worked out beforehand from the batch on the host
-    (None: no packing), so that the device's batch is never read back."""
+    (None: the padded rows), so that the device's batch is never read back."""
     if packed == LAYOUT_FROM_BATCH:
-        packed = pack_shared_prompts(batch, trunk.model.config)
+        packed = pack_batch(batch, trunk.model.config)
     if packed is not None:
         hidden, weight, bias = trunk(packed.input_ids, packed.attention_mask, packed.position_ids)
         states = hidden[packed.state_rows, packed.state_positions]

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from satseq.actors import packing
 from satseq.actors.learner import (
     Learner,
     LearnerSpec,
@@ -266,6 +267,21 @@ def test_unmeasured_plain_steps_take_the_measured_steps_without_the_pass_after_t
         assert torch.equal(weights[1][name], tensor), name
     with pytest.raises(ValueError, match="cannot skip measuring"):
         TrustRegionSpec(enabled=True, measure=False)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_update_reports_the_padding_of_the_layout_it_ran(raw_tiny_model, packed, monkeypatch):
+    learner = make_learner(raw_tiny_model)
+    if not packed:
+        monkeypatch.setattr(packing, "packable", lambda config: False)
+    # prompts of 4 tokens, responses of 8, 1, 2 and 3: 30 tokens in rows of 12
+    batch = [
+        Trajectory(k, [5 + k] * 4, [9] * R, [1] * R, [0] * R, "stop")
+        for k, R in enumerate((8, 1, 2, 3))
+    ]
+    result = learner.update(batch, None, torch.linspace(-1, 1, 4), torch.ones(4))
+    # packed: [12], [7, 5], [6] in 3 rows; padded: 4 rows
+    assert result.padding_fraction == pytest.approx(1 - 30 / (36 if packed else 48))
 
 
 def test_only_the_agents_own_tokens_are_trained(raw_tiny_model):

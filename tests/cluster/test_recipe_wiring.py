@@ -241,10 +241,11 @@ def test_one_agent_that_offloads_puts_the_vllm_engines_to_sleep_on_a_gpu():
     assert config.plan.engines_share_devices and engine_options(config)["enable_sleep_mode"]
 
 
-def test_the_update_metrics_carry_the_peak_device_memory_where_there_is_one():
+def test_the_update_metrics_carry_the_peak_device_memory_and_padding_where_there_are_some():
     stats = UpdateResult(torch.zeros(1, 1, device="cpu"), [], 0.0, 0.0, 1, 1.0)
-    assert "memory/peak_gib" not in update_metrics(stats)
+    assert not {"memory/peak_gib", "batch/padding_fraction"} & set(update_metrics(stats))
     assert update_metrics(replace(stats, peak_memory_gib=2.5))["memory/peak_gib"] == 2.5
+    assert update_metrics(replace(stats, padding_fraction=0.25))["batch/padding_fraction"] == 0.25
 
 
 def test_an_agent_baseline_centres_each_agents_advantages_on_its_own_samples(quickstart_model):

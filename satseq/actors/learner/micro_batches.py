@@ -12,7 +12,7 @@ import torch
 
 from satseq.actors.forward import response_token_index
 from satseq.actors.learner.policy import AgentPolicy
-from satseq.actors.prompt_packing import PackedBatch, pack_shared_prompts
+from satseq.actors.packing import PackedBatch, layout_tokens, pack_batch
 from satseq.actors.trajectory import PaddedBatch, Trajectory
 from satseq.algo.lm_head import OutputLayer
 from satseq.algo.masks import owner_mask
@@ -27,7 +27,8 @@ class MicroBatch:
     What the step needs to know of the batch on the host is worked out from the host's copy,
     so that the device's is never read back: each row's response length, whether it holds
     agent i's tokens, the flat positions of the response tokens in [n, T_mb] (indexing by a
-    bool mask on an accelerator waits for the device to count it) and the prompt packing."""
+    bool mask on an accelerator waits for the device to count it), the packed layout, and of
+    that layout the positions holding a token and all positions computed (padding too)."""
 
     rows: list[int]
     batch: PaddedBatch
@@ -37,6 +38,8 @@ class MicroBatch:
     owns: list[bool]
     token_index: torch.Tensor
     packed: PackedBatch | None
+    tokens: int
+    positions: int
     real: bool = True
 
     @staticmethod
@@ -44,6 +47,8 @@ class MicroBatch:
         rows: list[int], batch: PaddedBatch, mask: torch.Tensor, weight: float, config
     ) -> MicroBatch:
         """`batch` (on the host) with its host-side layout; `config`: the model's (packing)."""
+        packed = pack_batch(batch, config)
+        tokens, positions = layout_tokens(batch, packed)
         return MicroBatch(
             rows,
             batch,
@@ -52,7 +57,9 @@ class MicroBatch:
             lengths=batch.response_lengths.tolist(),
             owns=(mask.sum(-1) > 0).tolist(),
             token_index=response_token_index(batch),
-            packed=pack_shared_prompts(batch, config),
+            packed=packed,
+            tokens=tokens,
+            positions=positions,
         )
 
     def to(self, device: torch.device, weight: float, real: bool) -> MicroBatch:

@@ -22,7 +22,9 @@ class UpdateResult:
     optimizer_steps: the optimiser steps of the epochs that were kept; skipped_steps: steps
     not taken in any attempt because their gradient was not finite.
     peak_memory_gib: the process's peak allocated device memory during the update, on CUDA;
-    None elsewhere (`satseq.actors.residency.peak_memory_gib`)."""
+    None elsewhere (`satseq.actors.residency.peak_memory_gib`). padding_fraction: the share of
+    the positions a pass over the training batch computes that are padding, in the layout it
+    runs (`satseq.actors.packing`)."""
 
     logp_hat: torch.Tensor | None
     steps: list[StepOutcome]
@@ -36,6 +38,7 @@ class UpdateResult:
     ratio_max: float = 0.0
     optimizer_steps: int = 0
     skipped_steps: int = 0
+    padding_fraction: float = float("nan")
 
     @property
     def backtracks(self) -> int:

@@ -127,6 +127,7 @@ def run_update(
         ratio_max=last.ratio_max,
         optimizer_steps=sum(attempt.stats.steps for attempt in kept_attempts(attempts, epochs)),
         skipped_steps=sum(attempt.stats.skipped for attempt in attempts),
+        padding_fraction=padding_fraction(ctx.whole_batch),
     )
 
 
@@ -156,6 +157,14 @@ def update_context(
     return UpdateContext(
         policy, trajectories, whole_batch, checked, logp_cur, A, c, reference, record_behaviour
     ), tokens
+
+
+def padding_fraction(micro_batches: list[MicroBatch]) -> float:
+    """The share of the positions a pass over `micro_batches` computes that are padding (in
+    their packed layout where they pack); NaN without micro-batches (sharded: this rank's)."""
+    positions = sum(mb.positions for mb in micro_batches if mb.real)
+    tokens = sum(mb.tokens for mb in micro_batches if mb.real)
+    return 1 - tokens / positions if positions else float("nan")
 
 
 def final_measurements(

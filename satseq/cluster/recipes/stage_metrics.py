@@ -24,10 +24,10 @@ def update_metrics(stats: UpdateResult) -> dict[str, float]:
     """What one agent's learner update did (UpdateResult → per-agent metrics): its epochs
     accepted and rejected, the trust region's q and β, the optimiser steps kept and those skipped
     for a non-finite gradient, and of its last attempt the loss, the share of clipped terms, the
-    KL penalty and the largest ratio.
+    KL penalty and the largest ratio, and the share of padding in the training batch's layout.
     The update's peak device memory is there where the device reports one (CUDA)."""
     metrics = {
-        "kl_quantile": stats.kl_quantile,  # NaN where not measured: left out below
+        "kl_quantile": stats.kl_quantile,
         "beta": stats.steps[-1].beta if stats.steps else float("nan"),
         "backtracks": stats.backtracks,
         "accepted": stats.accepted_steps,
@@ -39,11 +39,13 @@ def update_metrics(stats: UpdateResult) -> dict[str, float]:
         "loss/kl_penalty": stats.kl_penalty,
         "loss/ratio_max": stats.ratio_max,
         "tokens_per_s": stats.tokens / max(stats.seconds, 1e-9),
+        "batch/padding_fraction": stats.padding_fraction,
     }
     if stats.peak_memory_gib is not None:
         metrics[PEAK_MEMORY] = stats.peak_memory_gib
-    if math.isnan(stats.kl_quantile):
-        del metrics["kl_quantile"]
+    for key in ("kl_quantile", "batch/padding_fraction"):  # NaN: not measured
+        if math.isnan(metrics[key]):
+            del metrics[key]
     return metrics
 
 
