@@ -118,6 +118,14 @@ def agent_micro_batches(
     return mine, tokens
 
 
+def padding_fraction(micro_batches: list[MicroBatch]) -> float:
+    """The share of the positions a pass over `micro_batches` computes that are padding (in
+    their packed layout where they pack); NaN without micro-batches (sharded: this rank's)."""
+    positions = sum(mb.positions for mb in micro_batches if mb.real)
+    tokens = sum(mb.tokens for mb in micro_batches if mb.real)
+    return 1 - tokens / positions if positions else float("nan")
+
+
 def agent_rows(policy: AgentPolicy, trajectories: list[Trajectory]) -> list[int]:
     """The rows whose trajectory holds a token agent i wrote (and is trained on)."""
     i = policy.spec.agent_index

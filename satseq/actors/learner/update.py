@@ -30,6 +30,7 @@ from satseq.actors.learner.micro_batches import (
     agent_rows,
     mini_batch_count,
     mini_batch_rows,
+    padding_fraction,
 )
 from satseq.actors.learner.policy import AgentPolicy
 from satseq.actors.learner.results import UpdateResult
@@ -157,14 +158,6 @@ def update_context(
     return UpdateContext(
         policy, trajectories, whole_batch, checked, logp_cur, A, c, reference, record_behaviour
     ), tokens
-
-
-def padding_fraction(micro_batches: list[MicroBatch]) -> float:
-    """The share of the positions a pass over `micro_batches` computes that are padding (in
-    their packed layout where they pack); NaN without micro-batches (sharded: this rank's)."""
-    positions = sum(mb.positions for mb in micro_batches if mb.real)
-    tokens = sum(mb.tokens for mb in micro_batches if mb.real)
-    return 1 - tokens / positions if positions else float("nan")
 
 
 def final_measurements(
