@@ -134,12 +134,14 @@ class OutputLayer:
         product's, as `product_dtype` said when the caller asked."""
         dtype = self.product_dtype() if dtype is None and not self.float32_logits else dtype
         logits = _product(hidden, self.weight, dtype, self.pieces)
-        return logits if self.bias is None else logits + self.bias.to(logits.dtype)
+        return logits if self.bias is None else logits.add_(self.bias.to(logits.dtype))
 
     def logprobs(self, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
-        """log π(· | s) at `temperature` for hidden states [m, H] → [m, V], float32 or wider."""
-        s = self.logits(hidden) / temperature
-        return s - torch.logsumexp(s, -1, keepdim=True)
+        """log π(· | s) at `temperature` for hidden states [m, H] → [m, V], float32 or wider
+        (in place of the logits where no gradient flows through them)."""
+        s = self.logits(hidden).div_(temperature)
+        lse = torch.logsumexp(s, -1, keepdim=True)
+        return s - lse if s.requires_grad else s.sub_(lse)
 
     def detached_copy(self, dtype: torch.dtype | None = None) -> OutputLayer:
         """A frozen copy (the stage-start π_cur's output layer, kept while W trains), in
@@ -203,20 +205,21 @@ def _scores(head: _Head, layer: OutputLayer, h: torch.Tensor) -> torch.Tensor:
 
 
 def _chunk_forward(head: _Head, layer: OutputLayer, h, y, h_cur, for_gradient: bool = True):
-    """One chunk's log π_θ(y_t | s_t) [m] and log-normaliser [m], and with a reference
-    KL(π_θ ‖ π_cur)(s_t) [m]; and p = π_θ(· | s_t) [m, V] with a = log π_θ − log π_cur [m, V]
-    (None without a reference), what the chunk's gradient is made of (p None where not
-    `for_gradient` and no KL needs it)."""
+    """One chunk's per-state outputs, log π_θ(y_t | s_t) [m], the log-normaliser [m] and with
+    a reference KL(π_θ ‖ π_cur)(s_t) [m] (else None); and what its gradient is made of,
+    p = π_θ(· | s_t) [m, V] and a = log π_θ − log π_cur [m, V] (None without a reference;
+    p None where not `for_gradient` and no KL needs it). A caller of many chunks keeps only
+    the outputs, so that no two chunks' [m, V] tensors are alive at once."""
     s = _scores(head, layer, h)
     lse = torch.logsumexp(s, -1)
     logp = s.gather(1, y.unsqueeze(1)).squeeze(1) - lse
     if head.reference is None:
         p = s.sub_(lse.unsqueeze(1)).exp_() if for_gradient else None
-        return logp, lse, None, p, None
+        return (logp, lse, None), (p, None)
     logp_vocabulary = s.sub_(lse.unsqueeze(1))
     a = head.reference.logprobs(h_cur, head.temperature).neg_().add_(logp_vocabulary)
     p = logp_vocabulary.exp_()
-    return logp, lse, torch.linalg.vecdot(p, a), p, a  # design §4 KL: Σ_v p_v a_v
+    return (logp, lse, torch.linalg.vecdot(p, a)), (p, a)  # design §4 KL: Σ_v p_v a_v
 
 
 def _score_gradient(p, a, kl, g, g_kl, y) -> torch.Tensor:
@@ -243,13 +246,14 @@ class FusedOutputLayer(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, tokens, reference_hidden, head: _Head):
         layer = head.layer(weight, bias)
         chunks = _chunks(hidden.shape[0], head.chunk_tokens)
-        parts = [
-            _chunk_forward(head, layer, hidden[c], tokens[c], _rows(reference_hidden, c))
-            for c in chunks
-        ]
+        ctx.kept = None
+        if len(chunks) == 1:
+            outputs, ctx.kept = _chunk_forward(head, layer, hidden, tokens, reference_hidden)
+            parts = [outputs]
+        else:
+            parts = _chunk_outputs(head, layer, hidden, tokens, reference_hidden, chunks)
         logp, lse, kl = (_cat(parts, i) for i in range(3))
         ctx.head, ctx.weight_dtype = head, weight.dtype
-        ctx.kept = parts[0][3:] if len(chunks) == 1 else None
         ctx.save_for_backward(hidden, layer.weight, bias, tokens, reference_hidden, lse, kl)
         return logp, kl
 
@@ -271,7 +275,7 @@ class FusedOutputLayer(torch.autograd.Function):
             if ctx.kept is not None:
                 (p, a), ctx.kept = ctx.kept, None
             else:
-                _, _, _, p, a = _chunk_forward(
+                _, (p, a) = _chunk_forward(
                     head, layer, hidden[c], tokens[c], _rows(reference_hidden, c)
                 )
             g_kl_c = None if g_kl is None else g_kl[c]
@@ -283,9 +287,19 @@ class FusedOutputLayer(torch.autograd.Function):
                 grad_weight += gradient_product(grad_logits.T, hidden[c].T, head.dtype)
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
+            del p, a, grad_s, grad_logits  # this chunk's [m, V] tensors, before the next's
         grad_weight = None if grad_weight is None else grad_weight.to(ctx.weight_dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None
+
+
+def _chunk_outputs(head, layer, hidden, tokens, reference_hidden, chunks) -> list[tuple]:
+    """Each chunk's per-state outputs (`_chunk_forward`'s first part), its [m, V] tensors
+    dropped before the next chunk's are made."""
+    return [
+        _chunk_forward(head, layer, hidden[c], tokens[c], _rows(reference_hidden, c), False)[0]
+        for c in chunks
+    ]
 
 
 def _rows(x: torch.Tensor | None, c: slice) -> torch.Tensor | None:
@@ -349,8 +363,6 @@ def chunked_logprobs_and_kl(
             hidden, layer.weight, layer.bias, tokens, reference_hidden, head
         )
     layer = head.layer(layer.weight, layer.bias)
-    parts = [
-        _chunk_forward(head, layer, hidden[c], tokens[c], _rows(reference_hidden, c), False)
-        for c in _chunks(hidden.shape[0], chunk_tokens)
-    ]
+    chunks = _chunks(hidden.shape[0], chunk_tokens)
+    parts = _chunk_outputs(head, layer, hidden, tokens, reference_hidden, chunks)
     return _cat(parts, 0), _cat(parts, 2)

@@ -40,7 +40,11 @@ USABLE = 0.9
 """The share of a device a phase may plan to fill: the CUDA context and the caching allocator's
 fragmentation take the rest (the 4B exact update, predicted at 73.6 GiB, ran out of memory on an
 80 GB H100)."""
-LOGIT_BUFFERS = 4  # a chunk's logits, log-softmax, softmax and gradient, float32
+# float32 [chunk, V] buffers: the fused output layer holds 2 at once, 3 with the exact KL
+# (measured: tests/algo/test_lm_head.py), and on tensor cores a bf16 copy of the gradient; 4 is
+# what the H100 sheet's peaks were fitted with (the layer before it), an upper bound until a GPU
+# measures the fused layer
+LOGIT_BUFFERS = 4
 KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
     # the seeds' agents, so that a plan needs no download: Qwen/Qwen3-4B's config.json, shapes
     "Qwen/Qwen3-4B": dict(

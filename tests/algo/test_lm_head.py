@@ -2,6 +2,10 @@
 whole-vocabulary computation, values and gradients, whatever the chunk size, and keep a float64
 reference's accuracy in float32 and under bf16 autocast."""
 
+import gc
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -123,6 +127,36 @@ def test_nothing_the_size_of_the_vocabulary_is_kept_between_forward_and_backward
     made_here = [t for t in saved if t.data_ptr() not in inputs]
     assert sum(t.numel() for t in made_here) == 2 * M  # the log-normaliser and the KL
     assert h.grad is not None and w.grad is not None
+
+
+def _process_bytes(key: str) -> int:
+    return int(re.search(rf"{key}:\s+(\d+) kB", Path("/proc/self/status").read_text())[1]) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux's peak-RSS reset")
+@pytest.mark.parametrize("with_kl", [False, True], ids=["log-probs", "log-probs and KL"])
+def test_a_call_holds_a_few_chunks_of_logits_at_once_however_many_chunks_it_has(with_kl):
+    """The peak of a forward and backward, in [chunk, V] float32 buffers: p, a and a
+    log-sum-exp's temporary (2 without the KL), for 1 chunk as for 4. A buffer here is 36 MiB,
+    above glibc's largest mmap threshold, so each is its own mapping, given back when freed,
+    and the process's peak RSS counts the buffers alive at once."""
+    H, V, chunk = 16, 36864, 256
+    buffer = chunk * V * 4
+    for M in (chunk, 4 * chunk):
+        hidden, reference_hidden, weight, bias, reference, tokens = _problem(M, H, V, 2)
+        h, w = hidden.float().requires_grad_(), weight.float().requires_grad_()
+        reference_hidden, bias = reference_hidden.float(), bias.float()
+        reference = OutputLayer(reference.weight.float())
+        references = (reference_hidden, reference) if with_kl else (None, None)
+        gc.collect()
+        Path("/proc/self/clear_refs").write_text("5")  # the peak RSS starts again from here
+        before = _process_bytes("VmRSS")
+        logp, kl = chunked_logprobs_and_kl(
+            h, tokens, OutputLayer(w, bias), 1.0, *references, chunk_tokens=chunk
+        )
+        (logp.sum() + (kl.sum() if with_kl else 0)).backward()
+        buffers = (_process_bytes("VmHWM") - before) / buffer
+        assert buffers < (3.5 if with_kl else 2.5), (M // chunk, buffers)
 
 
 def test_without_reference_only_logprobs_and_no_kl_upcast_from_bf16():
