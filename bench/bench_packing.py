@@ -24,16 +24,7 @@ from learner_workload import SIZES, build_model, learner_spec, random_trajectori
 
 from satseq.actors import packing
 from satseq.actors.learner import Learner, OptimizerSpec
-from satseq.actors.packing import layout_tokens, pack_batch
-
-
-def padding(policy, trajectories) -> float:
-    """The share of padding in the micro-batches' layouts as `packing.packable` now allows."""
-    tokens = positions = 0
-    for _, batch in policy.micro_batches(trajectories):
-        filled, total = layout_tokens(batch, pack_batch(batch, policy.model.config))
-        tokens, positions = tokens + filled, positions + total
-    return 1 - tokens / positions
+from satseq.actors.learner.micro_batches import agent_micro_batches, padding_fraction
 
 
 def main() -> None:
@@ -69,7 +60,7 @@ def main() -> None:
         shares = {}
         for packed in (True, False):
             layout(packed)
-            shares[packed] = padding(learner.policy, trajectories)
+            shares[packed] = padding_fraction(agent_micro_batches(learner.policy, trajectories)[0])
         variants = [(mode, packed) for mode in ("plain", "bare") for packed in (True, False)]
         seconds = {variant: [] for variant in variants}
         for round_ in range(args.rounds + 1):

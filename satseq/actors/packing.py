@@ -78,7 +78,10 @@ def pack_batch(batch: PaddedBatch, config) -> PackedBatch | None:
     padded rows cost no more or the model cannot take a packed batch (`packable`)."""
     if not packable(config) or min(batch.response_start.tolist()) == 0:
         return None  # (s_0 of a response without a prompt is no token's state)
-    layouts = [_rows_of(batch, share_prompts) for share_prompts in (True, False)]
+    lengths = batch.response_lengths.tolist()
+    shared = _documents(batch, share_prompts=True)
+    separate = [] if len(shared) == len(lengths) else [_documents(batch, share_prompts=False)]
+    layouts = [_rows_of(documents, lengths) for documents in (shared, *separate)]
     costs = [pass_flops(config, len(rows), width) for rows, width in layouts]
     best = min(range(len(layouts)), key=costs.__getitem__)
     if costs[best] >= pass_flops(config, *batch.input_ids.shape):
@@ -89,7 +92,8 @@ def pack_batch(batch: PaddedBatch, config) -> PackedBatch | None:
 def pack(batch: PaddedBatch, share_prompts: bool) -> PackedBatch:
     """`batch` packed into rows, a document per prompt group (`share_prompts`) or per
     trajectory, whatever it costs. Every response needs a prompt."""
-    return _pack(batch, _rows_of(batch, share_prompts)[0])
+    lengths = batch.response_lengths.tolist()
+    return _pack(batch, _rows_of(_documents(batch, share_prompts), lengths)[0])
 
 
 def pass_flops(config, rows: int, length: int) -> float:
@@ -109,16 +113,21 @@ def layout_tokens(batch: PaddedBatch, packed: PackedBatch | None) -> tuple[int, 
     return packed.tokens, packed.input_ids.numel()
 
 
-def _rows_of(batch: PaddedBatch, share_prompts: bool) -> tuple[list[list[Document]], int]:
-    """`batch`'s documents, one per prompt group (`share_prompts`) or per trajectory, laid into
-    rows as wide as the longest (first-fit decreasing), and that width."""
-    starts, lengths = batch.response_start.tolist(), batch.response_lengths.tolist()
+def _documents(batch: PaddedBatch, share_prompts: bool) -> list[Document]:
+    """`batch`'s documents: one per prompt group (`share_prompts`), else one per trajectory."""
+    starts = batch.response_start.tolist()
+    if not share_prompts:
+        return [(start, [row]) for row, start in enumerate(starts)]
     ids = batch.input_ids.cpu()
     groups: dict[tuple[int, ...], list[int]] = {}
     for row, start in enumerate(starts):
-        key = tuple(ids[row, :start].tolist()) if share_prompts else (row,)
-        groups.setdefault(key, []).append(row)
-    documents = [(starts[rows[0]], rows) for rows in groups.values()]
+        groups.setdefault(tuple(ids[row, :start].tolist()), []).append(row)
+    return [(starts[rows[0]], rows) for rows in groups.values()]
+
+
+def _rows_of(documents: list[Document], lengths: list[int]) -> tuple[list[list[Document]], int]:
+    """The documents laid into rows as wide as the longest (first-fit decreasing), and that
+    width."""
 
     def size(document: Document) -> int:
         return document[0] + sum(lengths[row] for row in document[1])
