@@ -1,6 +1,5 @@
 """Fixtures for end-to-end training runs."""
 
-import json
 import subprocess
 from pathlib import Path
 
@@ -33,16 +32,12 @@ def straight_run(tmp_path_factory, builtin_models) -> Path:
 
 
 @pytest.fixture(scope="session")
-def spo_run(tmp_path_factory, builtin_models) -> tuple[Path, list[str]]:
-    """An uninterrupted SPO run of SPO_STAGES stages with offline priors, and the arguments that
-    made it: what `test_train_spo` checks, and the reference of SPO's resume test."""
+def spo_run(tmp_path_factory, builtin_models) -> Path:
+    """An uninterrupted SPO run of SPO_STAGES stages with offline priors: what `test_train_spo`
+    checks."""
 
     def train(root: Path) -> None:
-        args = spo_run_args(root)
-        (root / "args.json").write_text(json.dumps(args))
-        subprocess.run(
-            train_command(root / "run", SPO_STAGES, *args), check=True, timeout=600, env=run_env()
-        )
+        command = train_command(root / "run", SPO_STAGES, *spo_run_args(root))
+        subprocess.run(command, check=True, timeout=600, env=run_env())
 
-    root = built_once(tmp_path_factory, "spo", train)
-    return root / "run", json.loads((root / "args.json").read_text())
+    return built_once(tmp_path_factory, "spo", train) / "run"

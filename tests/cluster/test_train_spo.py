@@ -12,8 +12,7 @@ pytestmark = pytest.mark.slow
 def test_spo_runs_with_offline_priors_kl_forgetting_and_its_metrics(spo_run):
     """`spo_run`: offline scores for 6 of the 8 prompts; the other 2 start at Beta(0.5, 0.5)
     and are counted."""
-    output_dir, _ = spo_run
-    metrics = read_metrics(output_dir)
+    metrics = read_metrics(spo_run)
     assert [m["stage"] for m in metrics] == [0, 1, 2, 3]
     for m in metrics:
         assert m["spo/prompts_without_prior"] == 2
