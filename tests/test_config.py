@@ -250,6 +250,14 @@ def test_bad_training_sources_name_the_key(tmp_path, override, named):
         load_config(write(tmp_path, MINIMAL), [override])
 
 
+def test_the_synthetic_difficulty_is_a_level_or_a_task_name(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL), ["data.synthetic.difficulty=levels_1_to_3"])
+    assert config.data.synthetic.difficulty == "levels_1_to_3"
+    unknown = r"data\.synthetic\.difficulty: Value error, unknown difficulty level 'levels_1_to_4'"
+    with pytest.raises(ConfigError, match=unknown):
+        load_config(write(tmp_path, MINIMAL), ["data.synthetic.difficulty=levels_1_to_4"])
+
+
 def trained_team(tmp_path: Path, text: str) -> Path:
     """A checkpoint dir holding the train_config.yaml a run of `text` writes."""
     (tmp_path / "team").mkdir()

@@ -56,7 +56,9 @@ class SyntheticDataConfig(Section):
         256, ge=1, description="problems of the split (level 1 has ~350 train); stages cycle them"
     )
     difficulty: int | str = Field(
-        1, description="a level 1-5 or a task name ('two_digit_sums', the quickstart's)"
+        1,
+        description="a level 1-5 or a task name: 'two_digit_sums' (the quickstart's) or "
+        "'levels_1_to_3' (levels 1-3 mixed, over 1,000 distinct test problems)",
     )
     style: Literal["symbols", "words", "mixed"] = Field(
         "symbols",

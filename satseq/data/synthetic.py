@@ -21,14 +21,23 @@ model was warm-started on, and never evaluates on one it trained on.
 
 Difficulty is a level of DIFFICULTY_LEVELS (1-5: more operands, larger numbers, *, parentheses)
 or a named task of NAMED_DIFFICULTIES, such as the quickstart's `two_digit_sums`.
+
+`levels_1_to_3` is a Mixture for evaluations that must resolve small gains: level 1 has only
+175 test expressions. Each of its problems draws level 1 (10%), 2 (60%) or 3 (30%), so over a
+third are two-operand sums and differences (34-40% of 1,000 test problems), an easy share a 135M
+model can learn from. Its test split holds 1,216-1,563 distinct problems before level 1's share
+runs out, train 2,871-3,293 and warmup 1,979-2,264 (counted: seeds 0-19 for test, 0-4 for the
+others). A problem's split is its expression's, whichever level drew it, so the mixture's splits
+are as disjoint as the levels'.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import operator
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -103,13 +112,49 @@ DIFFICULTY_LEVELS = {
         parentheses_probability=0.5,
     ),
 }
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """A task of several levels: each problem draws its level of DIFFICULTY_LEVELS by weight.
+
+    `shares` pairs each level with a positive weight (a level's share is its weight over their
+    sum); a problem records its level in `meta["level"]`.
+    """
+
+    shares: tuple[tuple[int, float], ...]
+
+    def __post_init__(self) -> None:
+        if not self.shares:
+            raise DataError("a mixture needs at least one (level, weight) pair")
+        levels = [level for level, _ in self.shares]
+        if len(set(levels)) < len(levels):
+            raise DataError(f"a mixture names each level once, got levels {levels}")
+        for level, weight in self.shares:
+            if level not in DIFFICULTY_LEVELS:
+                raise DataError(
+                    f"mixture level {level!r} is not one of {sorted(DIFFICULTY_LEVELS)}"
+                )
+            if not (weight > 0 and math.isfinite(weight)):
+                raise DataError(
+                    f"mixture weight of level {level} must be a positive number, got {weight!r}"
+                )
+
+    def draw_level(self, rng: random.Random) -> int:
+        """A level, each with its weight's share of the chance."""
+        levels, weights = zip(*self.shares, strict=True)
+        return rng.choices(levels, weights)[0]
+
+
 # Tasks with a name rather than a level. `two_digit_sums` is the quickstart's (configs/
 # quickstart.yaml): a + b with two-digit a and b, 8,100 expressions (about 1,600 test, 2,400
 # warmup, 4,000 train), where the skill to learn is the carry, needed by 45% of them.
-NAMED_DIFFICULTIES = {
+# `levels_1_to_3` is the held-out set that resolves small gains (module docstring).
+NAMED_DIFFICULTIES: dict[str, Difficulty | Mixture] = {
     "two_digit_sums": Difficulty(
         min_operands=2, max_operands=2, min_operand=10, max_operand=99, operators=("+",)
     ),
+    "levels_1_to_3": Mixture(((1, 0.1), (2, 0.6), (3, 0.3))),
 }
 
 
@@ -166,7 +211,7 @@ def make_split(
     split: str,
     n: int,
     seed: int = 0,
-    difficulty: int | str | Difficulty = 1,
+    difficulty: int | str | Difficulty | Mixture = 1,
     style: Style = "mixed",
     solution_format: SolutionFormat = "steps",
     *,
@@ -175,11 +220,11 @@ def make_split(
     """`n` distinct problems of `split` ("train", "test" or "warmup"), the same for the same
     arguments.
 
-    `difficulty` is a level of DIFFICULTY_LEVELS (1-5), a name of NAMED_DIFFICULTIES or a
-    Difficulty; `style` is "words", "symbols" or "mixed" (each problem picks one). The problem
-    text does not depend on `solution_format`, so the steps and tool variants of a split hold
-    the same problems. `with_warmup` (split "train" only) also draws from the warmup split's
-    expressions, as "train" did before that split existed: the level-1 builtin models
+    `difficulty` is a level of DIFFICULTY_LEVELS (1-5), a name of NAMED_DIFFICULTIES, a
+    Difficulty or a Mixture; `style` is "words", "symbols" or "mixed" (each problem picks one).
+    The problem text does not depend on `solution_format`, so the steps and tool variants of a
+    split hold the same problems. `with_warmup` (split "train" only) also draws from the warmup
+    split's expressions, as "train" did before that split existed: the level-1 builtin models
     (`builtin:tiny`, `builtin:tiny-tool`) are warm-started on those problems.
     """
     if split not in SPLITS:
@@ -196,32 +241,19 @@ def make_split(
     rng = random.Random(f"satseq.synthetic/{split}/{seed}")
     problems: list[MathProblem] = []
     seen: set[str] = set()
-    for _ in range(50 * n + 1000):  # enough draws unless the difficulty has too few expressions
-        if len(problems) == n:
-            break
-        expression = _draw_expression(rng, knobs)
-        compact = expression.render()
-        if compact in seen or split_of(compact) not in accepted:
-            continue
-        seen.add(compact)
+    # Enough draws, shared by all problems, unless the difficulty has too few expressions.
+    draws = iter(range(50 * n + 1000))
+    while len(problems) < n:
+        # A mixture's problem keeps the level it drew until it finds an expression of it.
+        level = knobs.draw_level(rng) if isinstance(knobs, Mixture) else None
+        level_knobs = knobs if level is None else DIFFICULTY_LEVELS[level]
+        expression = _draw_unseen(rng, level_knobs, draws, seen, accepted)
+        if expression is None:
+            raise _too_few_problems(len(problems), n, split, difficulty, level)
         problem_style = rng.choice(("words", "symbols")) if style == "mixed" else style
+        problem_id = f"arith-{split}-{seed}-{len(problems)}"
         problems.append(
-            MathProblem(
-                problem_id=f"arith-{split}-{seed}-{len(problems)}",
-                problem=_problem_text(expression, problem_style, rng),
-                answer=str(evaluate(expression.tree())),
-                solution=_solution(expression, solution_format),
-                meta={
-                    "expression": compact,
-                    "style": problem_style,
-                    "num_operands": len(expression.operands),
-                },
-            )
-        )
-    if len(problems) < n:
-        raise DataError(
-            f"found only {len(problems)} distinct {split!r} problems at difficulty {difficulty}, "
-            f"{n} were asked for; ask for fewer, or raise the difficulty (more or larger operands)"
+            _problem(problem_id, expression, problem_style, solution_format, rng, level)
         )
     return problems
 
@@ -279,9 +311,10 @@ def _words_below_1000(number: int) -> str:
     return " ".join(words)
 
 
-def resolve_difficulty(difficulty: int | str | Difficulty) -> Difficulty:
-    """The generator's knobs for a level, a task name or a Difficulty; DataError if unknown."""
-    if isinstance(difficulty, Difficulty):
+def resolve_difficulty(difficulty: int | str | Difficulty | Mixture) -> Difficulty | Mixture:
+    """The generator's knobs for a level, a task name, a Difficulty or a Mixture; DataError if
+    unknown."""
+    if isinstance(difficulty, Difficulty | Mixture):
         return difficulty
     if isinstance(difficulty, str) and difficulty in NAMED_DIFFICULTIES:
         return NAMED_DIFFICULTIES[difficulty]
@@ -289,7 +322,61 @@ def resolve_difficulty(difficulty: int | str | Difficulty) -> Difficulty:
         return DIFFICULTY_LEVELS[difficulty]
     raise DataError(
         f"unknown difficulty level {difficulty!r}; use one of {sorted(DIFFICULTY_LEVELS)}, "
-        f"a task name of {sorted(NAMED_DIFFICULTIES)} or a Difficulty(...)"
+        f"a task name of {sorted(NAMED_DIFFICULTIES)}, a Difficulty(...) or a Mixture(...)"
+    )
+
+
+def _draw_unseen(
+    rng: random.Random,
+    knobs: Difficulty,
+    draws: Iterator[int],
+    seen: set[str],
+    accepted: set[str],
+) -> ArithmeticExpression | None:
+    """The next drawn expression of an `accepted` split not `seen` yet (and now seen); None once
+    `draws` runs out."""
+    for _ in draws:
+        expression = _draw_expression(rng, knobs)
+        compact = expression.render()
+        if compact not in seen and split_of(compact) in accepted:
+            seen.add(compact)
+            return expression
+    return None
+
+
+def _problem(
+    problem_id: str,
+    expression: ArithmeticExpression,
+    style: str,
+    solution_format: SolutionFormat,
+    rng: random.Random,
+    level: int | None,
+) -> MathProblem:
+    meta = {
+        "expression": expression.render(),
+        "style": style,
+        "num_operands": len(expression.operands),
+    }
+    if level is not None:  # a mixture's problem
+        meta["level"] = level
+    return MathProblem(
+        problem_id=problem_id,
+        problem=_problem_text(expression, style, rng),
+        answer=str(evaluate(expression.tree())),
+        solution=_solution(expression, solution_format),
+        meta=meta,
+    )
+
+
+def _too_few_problems(
+    found: int, n: int, split: str, difficulty: object, level: int | None
+) -> DataError:
+    advice = "ask for fewer, or raise the difficulty (more or larger operands)"
+    if level is not None:
+        advice = f"level {level} ran out of {split!r} problems: ask for fewer, or weight it less"
+    return DataError(
+        f"found only {found} distinct {split!r} problems at difficulty {difficulty}, {n} were "
+        f"asked for; {advice}"
     )
 
 

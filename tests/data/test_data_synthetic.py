@@ -1,11 +1,20 @@
 """The synthetic arithmetic generator: deterministic, disjoint splits, correct answers."""
 
+import math
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from satseq.data import DIFFICULTY_LEVELS, NAMED_DIFFICULTIES, DataError, Difficulty, make_split
-from satseq.data.synthetic import SPLITS, ArithmeticExpression, number_to_words, split_of
+from satseq.data.synthetic import (
+    SPLITS,
+    ArithmeticExpression,
+    Mixture,
+    number_to_words,
+    split_of,
+)
 
 # The test's own reading of the problem text, independent of the generator's code.
 TEMPLATE = re.compile(r"(?:Compute|What is|Evaluate|Calculate|Work out|How much is) (.+)[.?]")
@@ -58,7 +67,7 @@ def test_same_arguments_give_the_same_problems_and_another_seed_others():
     assert [p.problem for p in first] != [p.problem for p in make_split("train", 50, seed=4)]
 
 
-@pytest.mark.parametrize("difficulty", [1, 3, 5, "two_digit_sums"])
+@pytest.mark.parametrize("difficulty", [1, 3, 5, "two_digit_sums", "levels_1_to_3"])
 def test_train_test_and_warmup_share_no_expression_even_across_seeds(difficulty):
     splits = {
         "train": make_split("train", 300, seed=0, difficulty=difficulty),
@@ -158,6 +167,87 @@ def test_difficulty_bounds_operands_and_operators():
     assert not any("*" in p.meta["expression"] or "(" in p.meta["expression"] for p in easy)
     assert {p.meta["num_operands"] for p in hard} == {4, 5}
     assert any("(" in p.meta["expression"] for p in hard)
+
+
+def assert_within_knobs(compact_expression: str, knobs: Difficulty) -> None:
+    operands = [int(number) for number in re.findall(r"\d+", compact_expression)]
+    operators = re.findall(r"[+*-]", compact_expression)
+    assert knobs.min_operands <= len(operands) <= knobs.max_operands, compact_expression
+    assert all(knobs.min_operand <= operand <= knobs.max_operand for operand in operands)
+    assert set(operators) <= set(knobs.operators), compact_expression
+    assert "(" not in compact_expression or knobs.parentheses_probability > 0
+
+
+def test_levels_1_to_3_holds_a_thousand_test_problems_none_of_train_or_warmup():
+    test = make_split("test", 1000, seed=0, difficulty="levels_1_to_3")
+    expressions = {p.meta["expression"] for p in test}
+    assert len(expressions) == 1000
+    assert {split_of(expression) for expression in expressions} == {"test"}
+    for split, seed in [("train", 0), ("train", 1), ("warmup", 0)]:
+        others = make_split(split, 1000, seed=seed, difficulty="levels_1_to_3")
+        assert expressions.isdisjoint(p.meta["expression"] for p in others)
+
+
+def test_levels_1_to_3_is_the_same_for_a_seed_and_a_longer_split_extends_it():
+    first = make_split("test", 300, seed=5, difficulty="levels_1_to_3")
+    assert first == make_split("test", 300, seed=5, difficulty="levels_1_to_3")
+    assert first == make_split("test", 400, seed=5, difficulty="levels_1_to_3")[:300]
+    other_seed = make_split("test", 300, seed=6, difficulty="levels_1_to_3")
+    assert [p.problem for p in first] != [p.problem for p in other_seed]
+
+
+def test_levels_1_to_3_problems_keep_their_levels_knobs_and_shares():
+    mixture = NAMED_DIFFICULTIES["levels_1_to_3"]
+    problems = make_split("test", 1000, seed=0, difficulty="levels_1_to_3")
+    for problem in problems:
+        assert_within_knobs(problem.meta["expression"], DIFFICULTY_LEVELS[problem.meta["level"]])
+    # A problem keeps the level it drew until it finds an expression of it, so a level's count is
+    # Binomial(n, share): 4 standard errors leave a seed a ~1e-4 chance of failing.
+    total = sum(weight for _, weight in mixture.shares)
+    for level, weight in mixture.shares:
+        share = weight / total
+        drawn = sum(p.meta["level"] == level for p in problems) / len(problems)
+        assert abs(drawn - share) <= 4 * math.sqrt(share * (1 - share) / len(problems)), level
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    weights=st.dictionaries(
+        st.sampled_from(sorted(DIFFICULTY_LEVELS)), st.floats(0.01, 100), min_size=1
+    ),
+    seed=st.integers(0, 10**6),
+    split=st.sampled_from(SPLITS),
+)
+def test_any_mixture_draws_distinct_problems_of_its_split_and_levels(weights, seed, split):
+    problems = make_split(split, 20, seed=seed, difficulty=Mixture(tuple(weights.items())))
+    assert len({p.meta["expression"] for p in problems}) == 20
+    for problem in problems:
+        assert problem.meta["level"] in weights
+        assert_within_knobs(problem.meta["expression"], DIFFICULTY_LEVELS[problem.meta["level"]])
+        assert split_of(problem.meta["expression"]) == split
+        assert problem.answer == str(safe_eval(problem.meta["expression"]))
+
+
+@pytest.mark.parametrize(
+    ("shares", "message"),
+    [
+        ((), "at least one"),
+        (((1, 0.5), (6, 0.5)), r"mixture level 6 is not one of \[1, 2, 3, 4, 5\]"),
+        (((1, 0.5), (1, 0.5)), r"names each level once, got levels \[1, 1\]"),
+        (((1, 1.0), (2, 0.0)), "weight of level 2 must be a positive number, got 0.0"),
+        (((1, -1.0),), "weight of level 1 must be a positive number"),
+        (((1, math.nan),), "weight of level 1 must be a positive number, got nan"),
+    ],
+)
+def test_a_bad_mixture_is_refused_naming_the_problem(shares, message):
+    with pytest.raises(DataError, match=message):
+        Mixture(shares)
+
+
+def test_a_mixture_whose_level_runs_out_names_the_level():
+    half_level_1 = Mixture(((1, 0.5), (2, 0.5)))  # level 1 has 175 test expressions
+    with pytest.raises(DataError, match="level 1 ran out of 'test' problems"):
+        make_split("test", 400, seed=0, difficulty=half_level_1)
 
 
 @pytest.mark.parametrize("number", [0, 7, 13, 20, 42, 99, 100, 105, 999, 1000, 4005, 123_456])
