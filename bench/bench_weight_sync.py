@@ -22,7 +22,6 @@ import time
 import ray
 
 from satseq.actors.learner import Learner
-from satseq.actors.learner.handle import learner_actors
 from satseq.actors.weight_transfer import bucket_plan
 from satseq.cluster.recipes import RECIPES
 from satseq.cluster.team import start_on_ray
@@ -92,7 +91,7 @@ def main() -> None:
                 f"| {workers} | {what} | {bucket_mb:g} | {count} | {size:.3f} | {push:.3f} "
                 f"| {push / size:.2f} | {push / baseline:.2f}x |"
             )
-        for actor in [*runtime.team.rollouts, *learner_actors(learner)]:
+        for actor in [*runtime.team.rollouts, *learner.actors]:
             ray.kill(actor)
         ray.util.remove_placement_group(ray.util.get_placement_group("satseq-team"))
     print(f"a push is {push / args.stage_s:.1%} of a {args.stage_s:g} s stage (last row)")

@@ -19,7 +19,6 @@ import torch
 
 from satseq.actors.incarnation import actor_key, check_not_restarted, incarnations
 from satseq.actors.learner import Learner
-from satseq.actors.learner.handle import learner_actors
 from satseq.actors.rollout import RolloutWorker
 from satseq.cluster.checkpoint import (
     learner_state_path,
@@ -143,7 +142,7 @@ class Coordinator:
     def _learner_actors(self) -> list[Any]:
         """Every learner's actors, each once (the LoRA agents of one base share one)."""
         learners = self.runtime.team.learners
-        actors = [actor for learner in learners for actor in learner_actors(learner)]
+        actors = [actor for learner in learners for actor in learner.actors]
         return list({actor_key(actor): actor for actor in actors}.values())
 
     def _team_actors(self) -> list[tuple[Any, Callable]]:

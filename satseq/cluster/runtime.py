@@ -212,7 +212,7 @@ class TeamRuntime:
         if factory is None:
             raise RuntimeError("this team was started without a learner factory: it swaps none")
         resolved = factory.model_dir(i, path)
-        factory.stop(self.team.learners[i])
+        self.team.learners[i].stop()
         self.team.learners[i] = factory.start(i, path)
         self.call_learner(i, Learner.ready)
         self.calls.wait(

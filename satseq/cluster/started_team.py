@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from satseq.actors.learner.handle import LearnerHandle
 from satseq.actors.weight_transfer import TransferBackend
 from satseq.config import RunConfig
 from satseq.launch.agent_models import agent_model_dir
@@ -26,9 +27,8 @@ class StartedTeam:
     model_dirs: list[str]
     """The directory each agent's learner and engines load (a LoRA agent's: its adapter's)."""
     tokenizers: list
-    learners: list
-    """Agent i's learner: whatever `ActorCalls` reaches (an actor handle, a sharded group, a
-    learner in a host actor, a plain `Learner`)."""
+    learners: list[LearnerHandle]
+    """Agent i's learner, whatever runs it (`satseq.actors.learner.handle`)."""
     rollouts: list
     sandbox: Any = None
     """The sandbox pool's actor with tools, else None."""
@@ -46,8 +46,8 @@ class SyncSettings:
 
 
 class LearnerFactory(ABC):
-    """Starts and stops agents' learners of one kind (on Ray or in this process), so that a swap
-    can give agent i a fresh learner on another model."""
+    """Starts agents' learners of one kind (on Ray or in this process), so that a swap can give
+    agent i a fresh learner on another model (the old one stops itself: `LearnerHandle.stop`)."""
 
     def __init__(self, config: RunConfig):
         self.config = config
@@ -58,9 +58,5 @@ class LearnerFactory(ABC):
         return agent_model_dir(self.config, i, path)
 
     @abstractmethod
-    def start(self, i: int, path: str | None = None) -> Any:
+    def start(self, i: int, path: str | None = None) -> LearnerHandle:
         """A fresh learner for agent i on the model at `path` (None: as configured)."""
-
-    @abstractmethod
-    def stop(self, learner: Any) -> None:
-        """`learner` stops (its replacement is started)."""

@@ -13,7 +13,7 @@ from satseq.actors.calls import ActorCalls, InProcessCalls, RayCalls
 from satseq.actors.learner import Learner
 from satseq.actors.learner.actor import LearnerActor, LearnerHostActor
 from satseq.actors.learner.group import start_learner_group
-from satseq.actors.learner.handle import learner_actors
+from satseq.actors.learner.handle import ActorLearner, LearnerHandle, LocalLearner
 from satseq.actors.learner.host import HostedLearner
 from satseq.actors.learner.specs import LearnerSpec
 from satseq.actors.rollout import RolloutWorker
@@ -84,7 +84,7 @@ class RayLearners(LearnerFactory):
         """Agent → the `LearnerHostActor` that holds its learner (agents of a shared host)."""
         self._swaps = count()  # a swapped-in learner's actor gets a name of its own
 
-    def start_all(self, hosts: list[list[int]]) -> list[Any]:
+    def start_all(self, hosts: list[list[int]]) -> list[LearnerHandle]:
         """Every agent's learner, in team order: one process of `hosts` each."""
         agents = [agent.name for agent in self.config.team.agents]
         learners: list[Any] = [None] * len(agents)
@@ -102,9 +102,10 @@ class RayLearners(LearnerFactory):
                 learners[i] = HostedLearner(host, i)
         return learners
 
-    def start(self, i: int, path: str | None = None) -> Any:
-        """Agent i's `LearnerActor`, its `LearnerGroup` of W sharded ranks, or its learner in
-        its host (a swapped-in learner takes its predecessor's place there)."""
+    def start(self, i: int, path: str | None = None) -> LearnerHandle:
+        """Agent i's learner in a `LearnerActor` of its own, its `LearnerGroup` of W sharded
+        ranks, or its learner in its host (a swapped-in learner takes its predecessor's place
+        there)."""
         if i in self.hosts:
             ray.get(self.hosts[i].add.remote(self._spec(i, path)))
             return HostedLearner(self.hosts[i], i)
@@ -113,7 +114,7 @@ class RayLearners(LearnerFactory):
         spec = self._spec(i, path)
         if spec.workers == 1:
             options = self.placement.learner_options(i) | RESTARTED_ACTOR
-            return LearnerActor.options(name=name, **options).remote(spec)
+            return ActorLearner(LearnerActor.options(name=name, **options).remote(spec))
         return start_learner_group(
             spec,
             [
@@ -121,15 +122,6 @@ class RayLearners(LearnerFactory):
                 for r in range(spec.workers)
             ],
         )
-
-    def stop(self, learner: Any) -> None:
-        """Kill a learner's actors; a hosted learner leaves its host, which stays for the
-        others."""
-        if isinstance(learner, HostedLearner):
-            ray.get(learner.host.drop.remote(learner.agent))
-            return
-        for actor in learner_actors(learner):
-            ray.kill(actor, no_restart=True)
 
     def _spec(self, i: int, path: str | None = None) -> LearnerSpec:
         placement = self.placement
@@ -150,12 +142,9 @@ class InProcessLearners(LearnerFactory):
         super().__init__(config)
         self.settings = settings
 
-    def start(self, i: int, path: str | None = None) -> Learner:
-        model_path = self.model_dir(i, path)
-        return Learner(learner_spec(self.config, i, self.settings, "cpu", 1, model_path=model_path))
-
-    def stop(self, learner: Any) -> None:
-        """Nothing to stop: a replaced learner is garbage-collected."""
+    def start(self, i: int, path: str | None = None) -> LearnerHandle:
+        spec = learner_spec(self.config, i, self.settings, "cpu", 1, self.model_dir(i, path))
+        return LocalLearner(Learner(spec))
 
 
 def start_in_process(config: RunConfig, settings: LearnerSettings) -> TeamRuntime:
@@ -189,7 +178,7 @@ def _team(config: RunConfig) -> tuple[list[str], list[str]]:
 def _runtime(
     config: RunConfig,
     model_paths: list[str],
-    learners: list[Any],
+    learners: list[LearnerHandle],
     rollouts: list[Any],
     calls: ActorCalls,
     factory: LearnerFactory,

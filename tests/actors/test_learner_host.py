@@ -12,7 +12,6 @@ import torch
 from satseq.actors.calls import RayCalls
 from satseq.actors.learner import Learner, LearnerSpec, OptimizerSpec, TrustRegionSpec
 from satseq.actors.learner.actor import LearnerHostActor
-from satseq.actors.learner.handle import learner_actors
 from satseq.actors.learner.host import HostedLearner, LearnerHost
 from satseq.algo.masks import NO_OWNER
 from satseq.cluster.recipes import RECIPES
@@ -101,7 +100,7 @@ def test_a_hosted_learner_is_called_on_ray_as_its_own_actor(ray_cluster, specs):
     handles = [HostedLearner(host, i) for i in (0, 1)]
     calls = RayCalls()
     assert calls.wait([h.ready.remote() for h in handles]) == [True, True]
-    assert [learner_actors(h) for h in handles] == [[host], [host]]  # what faults watch
+    assert [h.actors for h in handles] == [[host], [host]]  # what faults watch
     alone = Learner(specs[1])
     batch = batch_of(1, alone)
     (logp,) = calls.wait([calls.start(handles[1], Learner.logprobs, batch)])

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from satseq.actors.calls import RayCalls
 from satseq.actors.learner import LearnerSpec, OptimizerSpec
 from satseq.actors.learner.actor import LearnerActor
+from satseq.actors.learner.handle import ActorLearner
 from satseq.actors.rollout import RolloutActor
 from satseq.actors.sharding import free_address
 from satseq.actors.trajectory import GenerationRequest, SamplingSpec, Trajectory
@@ -143,7 +144,12 @@ def team(ray_cluster, raw_tiny_model):
 
     def runtime(weight_transfer):
         team = StartedTeam(
-            ["a0"], [raw_tiny_model], [raw_tiny_model], [tokenizer], [learner], rollouts
+            ["a0"],
+            [raw_tiny_model],
+            [raw_tiny_model],
+            [tokenizer],
+            [ActorLearner(learner)],
+            rollouts,
         )
         sync = SyncSettings(bucket_mb=BUCKET_MB, weight_transfer=weight_transfer)
         return TeamRuntime(team, RayCalls(), DEFAULT_PROMPT_FORMAT, RewardScorer(), sync=sync)

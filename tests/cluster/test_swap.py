@@ -5,6 +5,7 @@ projection that misses δ0 leaves a1 as it was and is tried again at the next st
 import pytest
 import torch
 
+from satseq.actors.learner.handle import LearnerHandle
 from satseq.cluster.recipes import RECIPES
 from satseq.cluster.swap import apply_swaps, check_same_tokenizer
 from satseq.cluster.team import start_in_process
@@ -59,6 +60,7 @@ def test_swap_at_stage_1_replaces_the_learner_and_meets_delta0(raw_tiny_model, t
     )
     incoming = runtime.team.learners[1]
     assert incoming is not outgoing and runtime.team.learners[0] is not incoming
+    assert isinstance(outgoing, LearnerHandle) and isinstance(incoming, LearnerHandle)
     assert incoming.spec.model_path == raw_tiny_model
     assert runtime.team.agent_paths == ["builtin:tiny", raw_tiny_model]
     assert incoming.region.beta == config.algorithm.kl_ctrl.kl_coef  # β reset to the config's

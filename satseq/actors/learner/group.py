@@ -25,7 +25,7 @@ import ray
 from satseq.actors.calls import RayCalls
 from satseq.actors.incarnation import check_not_restarted, incarnations
 from satseq.actors.learner.actor import LearnerRankActor
-from satseq.actors.learner.handle import LearnerHandle
+from satseq.actors.learner.handle import RemoteLearner
 from satseq.actors.learner.rank import LearnerRank
 from satseq.actors.learner.specs import LearnerSpec
 
@@ -38,7 +38,7 @@ def _rank_zero(*results: Any) -> Any:
     return results[0]
 
 
-class LearnerGroup(LearnerHandle):
+class LearnerGroup(RemoteLearner):
     """An agent's learner ranks, called as one learner."""
 
     def __init__(self, ranks: list[Any]):

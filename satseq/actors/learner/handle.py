@@ -1,9 +1,13 @@
-"""A learner reached through other actors, called exactly as one Ray actor is:
-`handle.update.remote(...)`, `handle.weight_buckets.options(num_returns="streaming").remote(...)`.
+"""An agent's learner as the layers above hold it, whatever runs it: one `LearnerHandle` type.
 
-Two kinds: a sharded agent's W ranks (`group.LearnerGroup`) and an agent whose learner shares a
-process with others (`host.HostedLearner`). Each says which Ray actors it stands for (`actors`:
-what fault handling watches and kills) and how a call reaches them (`call`).
+On Ray a learner is called exactly as one Ray actor is (`handle.update.remote(...)`,
+`handle.weight_buckets.options(num_returns="streaming").remote(...)`), and runs in
+- a `LearnerActor` of its own (`ActorLearner`),
+- W sharded ranks (`group.LearnerGroup`), or
+- a process that holds the learners of several agents (`host.HostedLearner`);
+in this process it is a plain `Learner` (`LocalLearner`, whose methods `InProcessCalls` calls
+directly). Each says which actors it stands for (`actors`: what fault handling watches and
+asks for incarnations) and how it stops (`stop`: a swap replaces it).
 """
 
 from __future__ import annotations
@@ -13,17 +17,32 @@ from typing import Any
 
 
 class LearnerHandle(ABC):
-    """Answers any public method name with a call that `.options(...)` and `.remote(...)`
-    take, as a Ray actor handle does."""
+    """An agent's learner: the actors it runs in, and how it stops."""
 
     @property
     @abstractmethod
     def actors(self) -> list[Any]:
-        """The Ray actors this learner runs in."""
+        """The actors this learner runs in (Ray actors, or the plain learner itself)."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop this learner (its replacement is started); what it shares stays."""
+
+
+class RemoteLearner(LearnerHandle):
+    """A learner on Ray: answers any public method name with a call that `.options(...)` and
+    `.remote(...)` take, as a Ray actor handle does."""
 
     @abstractmethod
     def call(self, method: str, options: dict[str, Any], args: tuple) -> Any:
         """Begin `method(*args)` with Ray's call `options`; a pending result (or a stream)."""
+
+    def stop(self) -> None:
+        """Kill the learner's actors for good (Ray restarts none of them)."""
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
 
     def __getattr__(self, method: str) -> _Method:
         if method.startswith("_"):
@@ -32,7 +51,7 @@ class LearnerHandle(ABC):
 
 
 class _Method:
-    def __init__(self, handle: LearnerHandle, name: str, options: dict[str, Any]):
+    def __init__(self, handle: RemoteLearner, name: str, options: dict[str, Any]):
         self.handle, self.name, self.options_ = handle, name, options
 
     def options(self, **options: Any) -> _Method:
@@ -42,6 +61,34 @@ class _Method:
         return self.handle.call(self.name, self.options_, args)
 
 
-def learner_actors(learner: Any) -> list[Any]:
-    """The Ray actors behind a learner handle: its `actors`, or the actor itself."""
-    return learner.actors if isinstance(learner, LearnerHandle) else [learner]
+class ActorLearner(RemoteLearner):
+    """An agent's learner in a `LearnerActor` of its own."""
+
+    def __init__(self, actor: Any):
+        self.actor = actor
+
+    @property
+    def actors(self) -> list[Any]:
+        return [self.actor]
+
+    def call(self, method: str, options: dict[str, Any], args: tuple) -> Any:
+        return getattr(self.actor, method).options(**options).remote(*args)
+
+
+class LocalLearner(LearnerHandle):
+    """A plain `Learner` in this process: its attributes and methods are the learner's."""
+
+    def __init__(self, learner: Any):
+        self.learner = learner
+
+    @property
+    def actors(self) -> list[Any]:
+        return [self.learner]
+
+    def stop(self) -> None:
+        """Nothing runs apart from this process: a replaced learner is garbage-collected."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "learner":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.learner, name)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from satseq.actors.incarnation import PROCESS_ID
-from satseq.actors.learner.handle import LearnerHandle
+from satseq.actors.learner.handle import RemoteLearner
 from satseq.actors.learner.learner import Learner
 from satseq.actors.learner.specs import LearnerSpec
 from satseq.actors.residency import return_free_host_memory
@@ -104,7 +104,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class HostedLearner(LearnerHandle):
+class HostedLearner(RemoteLearner):
     """Agent `agent`'s learner in the `LearnerHost` actor `host`."""
 
     def __init__(self, host: Any, agent: int):
@@ -119,3 +119,9 @@ class HostedLearner(LearnerHandle):
         streaming = options.get("num_returns") == "streaming"
         target = self.host.stream if streaming else self.host.call
         return target.options(**options).remote(self.agent, method, *args)
+
+    def stop(self) -> None:
+        """Leave the host, which stays for the other agents' learners."""
+        import ray
+
+        ray.get(self.host.drop.remote(self.agent))
