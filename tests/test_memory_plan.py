@@ -2,6 +2,7 @@
 against the peaks measured on an H100 (bench/results/gpu_sheet_h100.json), and against fake-tensor
 accounting at other shapes."""
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -12,10 +13,11 @@ from typer.testing import CliRunner
 
 from satseq.cli.main import app
 from satseq.launch.memory_plan import (
+    GIB,
     USABLE,
+    LearnerUpdate,
     Workload,
     activation_profile,
-    learner_update,
     lora_parameter_count,
     saved_bytes,
 )
@@ -45,10 +47,10 @@ def test_the_plan_predicts_the_peaks_measured_on_an_h100():
                 continue
             lora = lora_parameter_count(config, 16) if mode == "lora" else None
             predicted = sum(
-                learner_update(
+                LearnerUpdate(
                     config, "bfloat16", workload, exact_kl=mode == "exact",
                     checkpointing=plan["checkpointing"], chunk_tokens=1024, lora_parameters=lora,
-                ).values()
+                ).peak().values()
             )  # fmt: skip
             if "peak_gib" in row:
                 errors[size, mode] = predicted / row["peak_gib"] - 1
@@ -103,3 +105,45 @@ def test_the_shipped_seeds_layout_fits_and_one_gpu_an_agent_does_not():
         app, ["plan", "configs/sat_seq.yaml", "team.agents.0.path=no/such-model"]
     )
     assert unknown.exit_code == 2 and "no/such-model" in unknown.output
+
+
+def test_a_token_budget_fills_its_share_of_the_device_and_not_a_token_more():
+    """`TokenBudget.tokens`: at the budget the predicted peak is within USABLE of the share, at
+    one more token over it; where state and the step alone do not fit, no micro-batch does."""
+    config = Qwen2Config(**sheet_shapes()["small"])
+    share, device = 0.5, 8 * GIB
+    base = LearnerUpdate(
+        config, "bfloat16", Workload(10**6, 512, 1536, trajectories=16),
+        exact_kl=True, checkpointing=False, chunk_tokens=1024,
+    )  # fmt: skip
+    tokens = base.token_budget(share).tokens(device)
+
+    def peak(max_tokens: int) -> float:
+        workload = dataclasses.replace(base.workload, max_tokens=max_tokens)
+        return sum(dataclasses.replace(base, workload=workload).peak().values()) * GIB
+
+    assert tokens > 2048  # more than one trajectory: the budget binds, not the length
+    assert peak(tokens) <= USABLE * share * device < peak(tokens + 1)
+    assert base.token_budget(share).tokens(0.01 * GIB) == 0
+
+
+def test_auto_micro_batches_are_planned_on_a_gpu_and_left_alone_on_the_cpu():
+    from satseq.actors.learner.specs import LossSpec, TrustRegionSpec
+    from satseq.cluster.learner_specs import LearnerSettings, learner_spec
+    from satseq.config import load_config
+    from satseq.launch.memory_plan import agent_update
+
+    runner = CliRunner()
+    auto = ["plan", "configs/sat_seq.yaml", "trainer.max_tokens_per_micro_batch=auto"]
+    planned = runner.invoke(app, auto, env={"COLUMNS": "250"})
+    assert planned.exit_code == 0, planned.output
+    budget = agent_update(load_config("configs/sat_seq.yaml"), 0).token_budget(1.0)
+    assert f"micro-batches of at most {budget.tokens(80 * GIB):,} tokens" in planned.output
+    crowded = runner.invoke(app, [*auto, "trainer.workers_per_agent=1"], env={"COLUMNS": "250"})
+    assert crowded.exit_code == 1 and "no micro-batch fits beside the rest" in crowded.output
+
+    config = load_config("configs/sat_seq.yaml", ["trainer.max_tokens_per_micro_batch=auto"])
+    on_gpu = learner_spec(config, 0, LearnerSettings(LossSpec(), TrustRegionSpec()), "cuda", 1)
+    on_cpu = learner_spec(config, 0, LearnerSettings(LossSpec(), TrustRegionSpec()), "cpu", 1)
+    assert on_gpu.token_budget == budget and on_gpu.max_tokens_per_micro_batch is None
+    assert on_cpu.token_budget is None and on_cpu.max_tokens_per_micro_batch is None

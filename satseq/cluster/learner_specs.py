@@ -16,6 +16,7 @@ from satseq.config import RunConfig
 from satseq.config.algorithms import KLControlConfig
 from satseq.config.team_plan import TeamPlan
 from satseq.config.trainer import TrainerConfig
+from satseq.launch.memory_plan import agent_update
 from satseq.models import is_adapter_dir
 from satseq.models.adapters import adapter_base
 from satseq.seeds import agent_seed
@@ -70,6 +71,7 @@ def learner_spec(
     `trainer` section's settings (`offload` and `workers` as the run's plan has them)."""
     trainer = config.trainer
     agent = config.team.agents[agent_index]
+    max_tokens = trainer.max_tokens_per_micro_batch
     dtype = (
         trainer.dtype
         if trainer.dtype != "auto"
@@ -85,7 +87,14 @@ def learner_spec(
         save_dtype=trainer.save_dtype,
         device=device,
         micro_batch_size=trainer.micro_batch_size,
-        max_tokens_per_micro_batch=trainer.max_tokens_per_micro_batch,
+        max_tokens_per_micro_batch=None if max_tokens == "auto" else max_tokens,
+        token_budget=(
+            agent_update(config, agent_index, path=model_path).token_budget(
+                trainer.resources.num_gpus
+            )
+            if max_tokens == "auto" and device == "cuda"
+            else None
+        ),
         logit_chunk_tokens=trainer.logit_chunk_tokens,
         ppo_epochs=trainer.ppo_epochs,
         mini_batch_size=trainer.mini_batch_size,

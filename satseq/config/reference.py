@@ -108,6 +108,9 @@ def type_name(annotation: object, homes: dict[type[Section], str]) -> str:
         return f"list of {type_name(args[0], homes)}"
     if origin is dict:
         return f"`dict[{args[0].__name__}, {args[1].__name__}]`"
+    if origin is typing.Annotated:  # a constrained member of a union: `int` ≥ 1
+        limits = [bound for info in args[1:] for bound in bounds(getattr(info, "metadata", []))]
+        return " ".join([type_name(args[0], homes), ", ".join(limits)]).strip()
     return f"`{getattr(annotation, '__name__', annotation)}`"
 
 
@@ -119,15 +122,16 @@ BOUNDS = {
 }
 
 
-def bounds(field: FieldInfo) -> str:
+def bounds(metadata: list) -> list[str]:
+    """A field's (or a union member's) limits: "≥ 1", "length ≥ 2"."""
     found = []
-    for item in field.metadata:
+    for item in metadata:
         if type(item) in BOUNDS:
             symbol, attribute = BOUNDS[type(item)]
             found.append(f"{symbol} {yaml_value(getattr(item, attribute))}")
         elif isinstance(item, annotated_types.MinLen):
             found.append(f"length ≥ {item.min_length}")
-    return ", ".join(found)
+    return found
 
 
 def yaml_value(value: object) -> str:
@@ -199,7 +203,7 @@ def section_markdown(section: SectionDoc, homes: dict[type[Section], str]) -> st
     lines += ["| key | type | default | description |", "|---|---|---|---|"]
     for name, field in section.model.model_fields.items():
         kind = type_name(field.annotation, homes)
-        limits = bounds(field)
+        limits = ", ".join(bounds(field.metadata))
         kind = f"{kind}, {limits}" if limits else kind
         text = markdown_text(description(field) or "")
         lines.append(f"| `{section.key}.{name}` | {kind} | {default(field)} | {text} |")

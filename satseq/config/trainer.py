@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -34,8 +34,12 @@ class TrainerConfig(Section):
     )
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
     grad_clip: float = Field(1.0, gt=0.0, description="max global gradient norm per step")
-    max_tokens_per_micro_batch: int | None = Field(
-        None, ge=1, description="also cap a micro-batch's padded tokens (prompt + response)"
+    max_tokens_per_micro_batch: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        None,
+        description="also cap a micro-batch's tokens: its trajectories' prompt + response "
+        "tokens (padded rows' where the model does not pack; a longer trajectory goes alone). "
+        "auto: on a GPU, as many as fit beside the rest of the update in 90 % of the learner's "
+        "GPU share by the memory plan (`satseq plan`); no cap on the CPU",
     )
     logit_chunk_tokens: int = Field(
         1024, ge=1, description="response tokens per output-layer chunk: logits are [chunk, V]"

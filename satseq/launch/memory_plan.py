@@ -27,12 +27,14 @@ tests/test_memory_plan.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from satseq.actors.learner.specs import TokenBudget
 from satseq.config import RunConfig
 
 GIB = 1024**3
@@ -158,42 +160,67 @@ class Workload:
     prompt_tokens: int
     response_tokens: int
     trajectories: int
+    max_tokens: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        """A micro-batch's tokens: its trajectories', within `max_tokens` (one trajectory at
+        least)."""
+        length = self.prompt_tokens + self.response_tokens
+        tokens = self.micro_batch * length
+        return tokens if self.max_tokens is None else max(min(tokens, self.max_tokens), length)
 
 
-def learner_update(
-    config,
-    compute_dtype: str,
-    workload: Workload,
-    *,
-    workers: int = 1,
-    exact_kl: bool,
-    checkpointing: bool,
-    chunk_tokens: int,
-    lora_parameters: int | None = None,
-) -> dict[str, float]:
-    """The update's peak on one learner rank, by part (GiB): see the module's docstring."""
-    P, per_token = activation_profile(config, compute_dtype)
-    H, V, layers = config.hidden_size, config.vocab_size, config.num_hidden_layers
-    tokens = workload.micro_batch * (workload.prompt_tokens + workload.response_tokens)
-    if checkpointing:  # each layer's float32 input, and one layer's saved tensors
-        per_token = layers * H * 4 + per_token / layers
-    low_precision = compute_dtype != "float32"
-    trained = P if lora_parameters is None else lora_parameters
-    parts = {
-        "state": 16 * trained / workers,
-        "weights (compute dtype)" if lora_parameters is not None else "weight casts": (
-            2 * P if (low_precision or lora_parameters is not None) else 0
-        ),
-        "activations": tokens * per_token,
-        "logits": LOGIT_BUFFERS * chunk_tokens * V * 4,
-    }
-    if exact_kl:
-        parts["exact-KL reference"] = (V + workload.trajectories * workload.response_tokens) * H * 4
-    step = 4 * trained / workers
-    forward = sum(value for key, value in parts.items() if key != "state")
-    if step > forward:  # the optimiser step's temporaries outgrow the forward's
-        parts = {"state": parts["state"], "optimiser step": step}
-    return {key: value / GIB for key, value in parts.items()}
+@dataclass(frozen=True)
+class LearnerUpdate:
+    """One learner rank's update: its model's config, compute dtype and shapes, its share of
+    the agent's W ranks, whether it keeps the exact KL's reference, checkpoints its layers, and
+    trains an adapter (of `lora_parameters`) rather than every weight."""
+
+    config: Any
+    compute_dtype: str
+    workload: Workload
+    exact_kl: bool
+    checkpointing: bool
+    chunk_tokens: int
+    workers: int = 1
+    lora_parameters: int | None = None
+
+    def peak(self) -> dict[str, float]:
+        """The update's peak, by part (GiB): see the module's docstring."""
+        (state, casts, *rest), per_token, step = self._terms()
+        parts = dict([state, casts, ("activations", self.workload.tokens * per_token), *rest])
+        forward = sum(value for key, value in parts.items() if key != "state")
+        if step > forward:  # the optimiser step's temporaries outgrow the forward's
+            parts = {"state": parts["state"], "optimiser step": step}
+        return {key: value / GIB for key, value in parts.items()}
+
+    def token_budget(self, share: float = 1.0) -> TokenBudget:
+        """The micro-batch token budget of this update on `share` of a device."""
+        fixed, per_token, step = self._terms()
+        total = sum(value for _, value in fixed)
+        return TokenBudget(total, fixed[0][1], step, per_token, share, USABLE)
+
+    def _terms(self) -> tuple[list[tuple[str, float]], float, float]:
+        """The parts that do not grow with a micro-batch's tokens, state first (bytes); the
+        activations' bytes a token; the optimiser step's temporaries (bytes)."""
+        config, workload = self.config, self.workload
+        P, per_token = activation_profile(config, self.compute_dtype)
+        H, V, layers = config.hidden_size, config.vocab_size, config.num_hidden_layers
+        if self.checkpointing:  # each layer's float32 input, and one layer's saved tensors
+            per_token = layers * H * 4 + per_token / layers
+        lora = self.lora_parameters is not None
+        trained = self.lora_parameters if lora else P
+        casts = 2 * P if (self.compute_dtype != "float32" or lora) else 0
+        fixed = [
+            ("state", 16 * trained / self.workers),
+            ("weights (compute dtype)" if lora else "weight casts", casts),
+            ("logits", LOGIT_BUFFERS * self.chunk_tokens * V * 4),
+        ]
+        if self.exact_kl:
+            reference = (V + workload.trajectories * workload.response_tokens) * H * 4
+            fixed.append(("exact-KL reference", reference))
+        return fixed, per_token, 4 * trained / self.workers
 
 
 def lora_parameter_count(config, rank: int) -> int:
@@ -206,31 +233,57 @@ def lora_parameter_count(config, rank: int) -> int:
     return rank * per_layer * config.num_hidden_layers
 
 
-def plan(run: RunConfig, gpu_gib: float, prompt_tokens: int) -> list[Phase]:
-    """Every learner rank's update and every rollout actor's generation, against the GPU share
-    its placement bundle has (`trainer.resources`, `rollout.resources`; host memory where it has
-    no GPU: no budget)."""
-    trainer, rollout = run.trainer, run.rollout
+def agent_update(
+    run: RunConfig, i: int, prompt_tokens: int = 0, path: str | None = None
+) -> LearnerUpdate:
+    """Agent i's update on one of its learner ranks, at the config's shapes and prompts of
+    `prompt_tokens` (an int `trainer.max_tokens_per_micro_batch` bounds its micro-batches), for
+    the model at `path` (None: the configured one). Its token budget reads no prompt length."""
+    trainer = run.trainer
     compute = trainer.dtype if trainer.dtype != "auto" else "bfloat16"
     G = run.grpo.group_size if run.algorithm.name == "grpo" else run.sat_seq.group_size
     n = len(run.team.agents)
-    per_agent = run.trainer.batch_size * (G if run.algorithm.name != "sat_seq" else max(G // n, 1))
-    workload = Workload(trainer.micro_batch_size, prompt_tokens, rollout.max_new_tokens, per_agent)
-    learner_budget = trainer.resources.num_gpus * gpu_gib or math.inf
+    per_agent = trainer.batch_size * (G if run.algorithm.name != "sat_seq" else max(G // n, 1))
+    cap = trainer.max_tokens_per_micro_batch
+    workload = Workload(
+        trainer.micro_batch_size, prompt_tokens, run.rollout.max_new_tokens, per_agent,
+        max_tokens=cap if isinstance(cap, int) else None,
+    )  # fmt: skip
+    config, lora = model_config(path or run.team.agents[i].path), run.agent_lora(i)
+    return LearnerUpdate(
+        config, compute, workload, workers=run.plan.agents[i].workers,
+        exact_kl=run.algorithm.name == "sat_seq" and run.algorithm.kl_ctrl.estimator == "exact",
+        checkpointing=trainer.gradient_checkpointing, chunk_tokens=trainer.logit_chunk_tokens,
+        lora_parameters=None if lora is None else lora_parameter_count(config, lora.rank),
+    )  # fmt: skip
+
+
+def plan(run: RunConfig, gpu_gib: float, prompt_tokens: int) -> list[Phase]:
+    """Every learner rank's update and every rollout actor's generation, against the GPU share
+    its placement bundle has (`trainer.resources`, `rollout.resources`; host memory where it has
+    no GPU: no budget). With `trainer.max_tokens_per_micro_batch: auto` a learner's
+    micro-batches are as large as its GPU share holds (`TokenBudget`), and its phase says so."""
+    trainer, rollout = run.trainer, run.rollout
+    compute = trainer.dtype if trainer.dtype != "auto" else "bfloat16"
+    share = trainer.resources.num_gpus
     phases, engines = [], {}
     for i, agent in enumerate(run.team.agents):
-        config = model_config(agent.path)
-        lora = run.agent_lora(i)
+        update = agent_update(run, i, prompt_tokens)
+        phase = "update"
+        if trainer.max_tokens_per_micro_batch == "auto" and share:
+            tokens = update.token_budget(share).tokens(gpu_gib * GIB)
+            workload = dataclasses.replace(update.workload, max_tokens=tokens)
+            update = dataclasses.replace(update, workload=workload)
+            phase = (
+                f"update (micro-batches of at most {tokens:,} tokens)"
+                if tokens
+                else "update (no micro-batch fits beside the rest)"
+            )
         workers = run.plan.agents[i].workers
-        parts = learner_update(
-            config, compute, workload, workers=workers,
-            exact_kl=run.algorithm.name == "sat_seq" and run.algorithm.kl_ctrl.estimator == "exact",
-            checkpointing=trainer.gradient_checkpointing, chunk_tokens=trainer.logit_chunk_tokens,
-            lora_parameters=None if lora is None else lora_parameter_count(config, lora.rank),
-        )  # fmt: skip
         who = f"learner {agent.name}" + (f" (each of {workers} ranks)" if workers > 1 else "")
-        phases.append(Phase(who, "update", parts, learner_budget))
-        engines.setdefault(agent.path if lora is not None else agent.name, config)
+        phases.append(Phase(who, phase, update.peak(), share * gpu_gib or math.inf))
+        lora = run.agent_lora(i) is not None
+        engines.setdefault(agent.path if lora else agent.name, update.config)
     if run.plan.vllm_on_gpus:  # each engine its share
         engine_gib = rollout.gpu_memory_utilization * gpu_gib
         held = {f"engine {key}": engine_gib for key in engines}

@@ -4,6 +4,7 @@ without a model copy, token-budget micro-batches, and gradient checkpointing tha
 memory, not results. All on the CPU, built so that a device or memory bug shows up here."""
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from satseq.actors.learner import Learner, LearnerSpec, LossSpec, OptimizerSpec, TrustRegionSpec
+from satseq.actors.learner.specs import TokenBudget
 from satseq.actors.trajectory import Trajectory, pad_batch
 from satseq.algo.kl import kl_exact, kl_quantile, sequence_kl
 from tests.actors.tensor_guards import LargestVocabularyTensor, NamedDevices
@@ -195,9 +197,11 @@ def test_the_update_kl_equals_a_slow_reference_with_a_model_copy(raw_tiny_model)
 
 
 def test_token_budget_micro_batches_respect_the_budget_and_give_the_same_step(raw_tiny_model):
+    """The budget counts a micro-batch's trajectories' tokens (the model packs them)."""
     trajectories = batch(learner(raw_tiny_model).policy.tokenizer, n=7)
-    budget = 2 * max(len(t.prompt_ids) + len(t.response_ids) for t in trajectories)
-    steps, shapes = [], []
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
+    budget = 2 * max(lengths)
+    steps, parts = [], []
     for limit in (None, budget):
         agent = learner(
             raw_tiny_model,
@@ -206,13 +210,23 @@ def test_token_budget_micro_batches_respect_the_budget_and_give_the_same_step(ra
             trust_region=TrustRegionSpec(kl_estimator="k3"),
         )
         agent.policy.optimizer = torch.optim.SGD(agent.policy.model.parameters(), lr=0.1)
-        shapes.append([b.input_ids.shape for _, b in agent.policy.micro_batches(trajectories)])
+        parts.append([rows for rows, _ in agent.policy.micro_batches(trajectories)])
         initial = agent.weights()
         update(agent, trajectories)
         steps.append(torch.cat([(v - initial[k]).flatten() for k, v in agent.weights().items()]))
-    assert len(shapes[0]) == 1 and len(shapes[1]) > 1
-    assert all(n * L <= budget for n, L in shapes[1])
+    assert len(parts[0]) == 1 and len(parts[1]) > 1
+    assert all(sum(lengths[r] for r in rows) <= budget for rows in parts[1])
     assert (steps[0] - steps[1]).norm() / steps[0].norm() < 1e-4
+
+
+def test_a_planned_token_budget_caps_micro_batches_on_a_gpu_only(raw_tiny_model):
+    """By hand: 90 % of half of 100 bytes is 45; 45 - 10 fixed leaves 35, 11 tokens of 3. Where
+    state and step (here 50) outgrow the 45, no micro-batch fits: 0. On the CPU nothing is
+    capped (the plan is the GPU's)."""
+    budget = TokenBudget(fixed=10, state=4, step=2, per_token=3, share=0.5, usable=0.9)
+    assert budget.tokens(100) == 11
+    assert dataclasses.replace(budget, step=46).tokens(100) == 0
+    assert learner(raw_tiny_model, token_budget=budget).policy.max_tokens is None
 
 
 # --- 4. gradient checkpointing -----------------------------------------------------------------

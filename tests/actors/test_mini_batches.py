@@ -6,8 +6,11 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from satseq.actors.learner.micro_batches import agent_rows, mini_batch_rows
+from satseq.actors.learner.policy import micro_batch_parts
 from tests.actors.test_learner import make_learner, trajectories
 
 A = torch.tensor([1.0, -0.5, 0.3, -1.0])
@@ -114,3 +117,38 @@ def test_a_step_with_a_non_finite_gradient_is_skipped(raw_tiny_model, caplog):
     assert "optimiser step is skipped" in caplog.text
     for name, p in learner.policy.model.named_parameters():
         assert torch.equal(p.detach(), before[name]), name
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 60), max_size=30),
+    max_rows=st.integers(1, 8),
+    max_tokens=st.none() | st.integers(1, 200),
+    padded=st.booleans(),
+)
+def test_micro_batch_parts_are_consecutive_within_both_caps_and_as_long_as_they_may_be(
+    lengths, max_rows, max_tokens, padded
+):
+    def tokens(part):
+        held = lengths[part.start : part.stop]
+        return len(held) * max(held) if padded else sum(held)
+
+    parts = micro_batch_parts(lengths, max_rows, max_tokens, padded)
+    assert [i for part in parts for i in part] == list(range(len(lengths)))
+    for k, part in enumerate(parts):
+        assert 1 <= len(part) <= max_rows
+        assert max_tokens is None or len(part) == 1 or tokens(part) <= max_tokens
+        if k + 1 < len(parts) and len(part) < max_rows:  # the next trajectory did not fit
+            assert tokens(range(part.start, part.stop + 1)) > max_tokens
+
+
+def test_a_token_budget_counts_packed_trajectories_once_and_padded_rows_to_their_longest():
+    lengths = [10, 2, 2, 2, 10]
+    assert micro_batch_parts(lengths, 8, 16, padded=False) == [range(0, 4), range(4, 5)]
+    assert micro_batch_parts(lengths, 8, 16, padded=True) == [range(0, 1), range(1, 4), range(4, 5)]
+    assert micro_batch_parts(lengths, 2, None, padded=False) == [
+        range(0, 2),
+        range(2, 4),
+        range(4, 5),
+    ]
+    assert micro_batch_parts([30, 5], 8, 16, padded=False) == [range(0, 1), range(1, 2)]  # alone

@@ -18,6 +18,7 @@ pass reads it as it reads a full model; `adapter` is the peft model that saves i
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 
 import torch
@@ -25,12 +26,15 @@ import torch
 from satseq.actors.forward import PolicyTrunk
 from satseq.actors.learner.snapshot import TrainingSnapshot
 from satseq.actors.learner.specs import LearnerSpec
+from satseq.actors.packing import packable
 from satseq.actors.residency import Residency
 from satseq.actors.sharding import ShardGroup, shard_policy
 from satseq.actors.trajectory import PaddedBatch, Trajectory, pad_batch
 from satseq.models import is_adapter_dir, load_policy
 from satseq.models.adapters import adapter_config, load_adapted_policy
 from satseq.models.loading import TORCH_DTYPES
+
+log = logging.getLogger(__name__)
 
 
 class AgentPolicy:
@@ -78,6 +82,13 @@ class AgentPolicy:
         )
         self.snapshot = TrainingSnapshot()
         self.pad_token_id = self.tokenizer.pad_token_id
+        self.max_tokens = spec.max_tokens_per_micro_batch
+        """A micro-batch's most tokens (None: no cap): the spec's, or on a GPU its plan's."""
+        if spec.token_budget is not None and self.device.type == "cuda":
+            device_bytes = torch.cuda.get_device_properties(self.device).total_memory
+            self.max_tokens = spec.token_budget.tokens(device_bytes)
+            if not self.max_tokens:
+                log.warning("the memory plan leaves no room for activations: one trajectory a pass")
         self.residency = Residency(  # sharded, FSDP2 offloads instead
             self.model,
             self.optimizer,
@@ -133,23 +144,16 @@ class AgentPolicy:
         self, trajectories: list[Trajectory], rows: list[int] | None = None
     ) -> Iterator[tuple[list[int], PaddedBatch]]:
         """The trajectories `rows` (default: all, in order) in consecutive micro-batches of at
-        most `micro_batch_size` trajectories and, if set, `max_tokens_per_micro_batch` padded
-        tokens (a longer trajectory goes alone), on the CPU; each with its rows."""
-        spec = self.spec
-        budget = spec.max_tokens_per_micro_batch
+        most `micro_batch_size` trajectories and `max_tokens` tokens (`micro_batch_parts`), on
+        the CPU; each with its rows."""
         rows = list(range(len(trajectories))) if rows is None else rows
-        start = 0
-        while start < len(rows):
-            end, longest = start, 0
-            while end < len(rows) and end - start < spec.micro_batch_size:
-                t = trajectories[rows[end]]
-                length = max(longest, len(t.prompt_ids) + len(t.response_ids))
-                if budget is not None and end > start and (end - start + 1) * length > budget:
-                    break
-                end, longest = end + 1, length
-            chosen = rows[start:end]
+        lengths = [
+            len(trajectories[r].prompt_ids) + len(trajectories[r].response_ids) for r in rows
+        ]
+        padded = not packable(self.trunk.model.config)
+        for part in micro_batch_parts(lengths, self.spec.micro_batch_size, self.max_tokens, padded):
+            chosen = rows[part.start : part.stop]
             yield chosen, pad_batch([trajectories[row] for row in chosen], self.pad_token_id)
-            start = end
 
     def device_batches(self, trajectories: list[Trajectory]) -> list[PaddedBatch]:
         """Every micro-batch of `trajectories`, on the device."""
@@ -201,3 +205,24 @@ def _frozen(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
         for name, param in model.named_parameters()
         if not param.requires_grad
     }
+
+
+def micro_batch_parts(
+    lengths: list[int], max_rows: int, max_tokens: int | None, padded: bool
+) -> list[range]:
+    """Trajectories of `lengths` (prompt + response tokens) in consecutive parts, each as long
+    as it may be: at most `max_rows` and, if set, `max_tokens` tokens (the sum of its lengths,
+    as packed rows hold them; `padded`: its count times its longest, as padded rows do); a
+    trajectory over `max_tokens` goes alone."""
+    parts, start = [], 0
+    while start < len(lengths):
+        end, total, longest = start + 1, lengths[start], lengths[start]
+        while end < len(lengths) and end - start < max_rows:
+            total, longest = total + lengths[end], max(longest, lengths[end])
+            tokens = (end - start + 1) * longest if padded else total
+            if max_tokens is not None and tokens > max_tokens:
+                break
+            end += 1
+        parts.append(range(start, end))
+        start = end
+    return parts

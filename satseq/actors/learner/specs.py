@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -55,6 +56,29 @@ class OptimizerSpec:
 
 
 @dataclass(frozen=True)
+class TokenBudget:
+    """A micro-batch's token budget from the memory plan (`satseq.launch.memory_plan`): the
+    update's bytes that do not grow with a micro-batch's tokens (`fixed`: state, weight casts,
+    logits, reference; `state` among them), the optimiser step's temporaries, and the
+    activations' bytes a token, against `usable` of this rank's `share` of its device."""
+
+    fixed: float
+    state: float
+    step: float
+    per_token: float
+    share: float
+    usable: float
+
+    def tokens(self, device_bytes: float) -> int:
+        """The most tokens whose activations fit beside the rest of the update; 0 where the
+        rest alone does not fit."""
+        usable = self.usable * self.share * device_bytes
+        if self.state + self.step > usable or usable - self.fixed < self.per_token:
+            return 0
+        return math.floor((usable - self.fixed) / self.per_token)
+
+
+@dataclass(frozen=True)
 class LearnerSpec:
     model_path: str
     agent_index: int
@@ -65,7 +89,10 @@ class LearnerSpec:
     save_dtype: str | None = None  # HF checkpoints and engine weights; None: the compute dtype
     device: str = "cpu"
     micro_batch_size: int = 8
-    max_tokens_per_micro_batch: int | None = None  # padded prompt + response tokens
+    # a micro-batch's tokens (its trajectories' prompt + response tokens; padded where the
+    # model does not pack); `token_budget`: set on a GPU from the memory plan instead
+    max_tokens_per_micro_batch: int | None = None
+    token_budget: TokenBudget | None = None
     logit_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     ppo_epochs: int = 1  # passes over the agent's stage batch, each checked by the trust region
     mini_batch_size: int | None = None  # trajectories per optimiser step; None: the whole batch
