@@ -6,6 +6,7 @@ with stand-ins that keep the collectives in step), the shuffled mini-batches of 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -116,6 +117,17 @@ def agent_micro_batches(
         for mb, real in policy.group.mine(micro_batches)
     ]
     return mine, tokens
+
+
+def every_rank(policy: AgentPolicy, parts: list) -> Iterator:
+    """This rank's `parts` and, sharded, every other rank's too (rank order)."""
+    return (part for parts_of_rank in policy.group.gather(parts) for part in parts_of_rank)
+
+
+def fill_rows(target: torch.Tensor, parts: Iterable[tuple[list[int], torch.Tensor]]) -> None:
+    """`target[rows, :T] = values` for each part (rows, values [n, T]) of the batch."""
+    for rows, values in parts:
+        target[rows, : values.shape[1]] = values
 
 
 def padding_fraction(micro_batches: list[MicroBatch]) -> float:

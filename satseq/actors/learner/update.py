@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,8 @@ from satseq.actors.learner.micro_batches import (
     StageReference,
     agent_micro_batches,
     agent_rows,
+    every_rank,
+    fill_rows,
     mini_batch_count,
     mini_batch_rows,
     padding_fraction,
@@ -264,8 +267,7 @@ def optimizer_step(
     host = read_back([weighted, ratio_max, grad_norm, *(values for _, values in recorded)])
     (loss_sum, clip_sum, penalty_sum), ratio_max, grad_norm = host[0].tolist(), *host[1:3]
     recorded = [(rows, values) for (rows, _), values in zip(recorded, host[3:], strict=True)]
-    for rows_of, values in (part for parts in policy.group.gather(recorded) for part in parts):
-        ctx.logp_cur[rows_of, : values.shape[1]] = values  # sharded: the other ranks' rows too
+    fill_rows(ctx.logp_cur, every_rank(policy, recorded))
     finite = math.isfinite(float(grad_norm))  # the whole gradient's norm: every rank agrees
     if finite:
         policy.optimizer.step()
@@ -349,16 +351,12 @@ def reference_pass(ctx: UpdateContext, micro_batches: list[MicroBatch]) -> None:
     of several steps per epoch, whose later forward passes run other weights; and of the
     held-out rows the check measures)."""
     policy = ctx.policy
-    computed = []
-    with policy.cast_once():
-        for mb in micro_batches:
-            with policy.autocast():
-                logp, _ = logprobs_and_kl(ctx, mb, record_reference=True, with_kl=False)
-            if ctx.record_behaviour and mb.real:
-                computed.append((mb.rows, logp * mb.mask))
-    recorded = read_back_rows(computed)
-    for rows, values in (part for parts in policy.group.gather(recorded) for part in parts):
-        ctx.logp_cur[rows, : values.shape[1]] = values
+    computed = [
+        (mb.rows, logp * mb.mask)
+        for mb, logp, _ in forward_each(ctx, micro_batches, record_reference=True, with_kl=False)
+        if ctx.record_behaviour
+    ]
+    fill_rows(ctx.logp_cur, every_rank(policy, read_back_rows(computed)))
     if ctx.reference is not None and policy.group.sharded:  # every rank needs every row's
         for part in policy.group.gather({r: h.cpu() for r, h in ctx.reference.hidden.items()}):
             for row, states in part.items():
@@ -373,12 +371,8 @@ def kl_check(ctx: UpdateContext) -> tuple[float, torch.Tensor, torch.Tensor]:
     policy = ctx.policy
     real = [mb for mb in ctx.checked if mb.real]
     device_values = []  # each real micro-batch's log-probs [n, T_mb] and sequence KLs [n]
-    with policy.cast_once():
-        for mb in ctx.checked:
-            with policy.autocast():
-                logp, per_token_kl = logprobs_and_kl(ctx, mb)
-            if mb.real:
-                device_values += [logp, sequence_kl(per_token_kl, mb.mask)]
+    for mb, logp, per_token_kl in forward_each(ctx, ctx.checked):
+        device_values += [logp, sequence_kl(per_token_kl, mb.mask)]
     host = read_back(device_values)
     computed = []
     for mb, logp, seq_kl in zip(real, host[0::2], host[1::2], strict=True):
@@ -387,9 +381,7 @@ def kl_check(ctx: UpdateContext) -> tuple[float, torch.Tensor, torch.Tensor]:
     logp_new = ctx.logp_cur.clone()
     kls = torch.full((len(ctx.trajectories),), math.nan, device="cpu")
     measured = []
-    for rows, logp, owning, seq_kl in (
-        part for parts in policy.group.gather(computed) for part in parts
-    ):
+    for rows, logp, owning, seq_kl in every_rank(policy, computed):
         logp_new[rows, : logp.shape[1]] = logp
         kls[owning] = seq_kl.nan_to_num(math.inf, math.inf, math.inf)
         measured.append(seq_kl)
@@ -401,15 +393,23 @@ def kl_check(ctx: UpdateContext) -> tuple[float, torch.Tensor, torch.Tensor]:
 def training_logprobs(ctx: UpdateContext, logp_new: torch.Tensor) -> torch.Tensor:
     """`logp_new` [N, T] with the training rows' log-probs under the current weights filled in
     (the check measured the held-out rows only)."""
-    policy = ctx.policy
-    computed = []
-    with policy.cast_once():
-        for mb in ctx.whole_batch:
-            with policy.autocast():
-                logp, _ = logprobs_and_kl(ctx, mb, with_kl=False)
-            if mb.real:
-                computed.append((mb.rows, logp))
-    recorded = read_back_rows(computed)
-    for rows, logp in (part for parts in policy.group.gather(recorded) for part in parts):
-        logp_new[rows, : logp.shape[1]] = logp
+    computed = [
+        (mb.rows, logp) for mb, logp, _ in forward_each(ctx, ctx.whole_batch, with_kl=False)
+    ]
+    fill_rows(logp_new, every_rank(ctx.policy, read_back_rows(computed)))
     return logp_new
+
+
+def forward_each(
+    ctx: UpdateContext, micro_batches: list[MicroBatch], **options: bool
+) -> Iterator[tuple[MicroBatch, torch.Tensor, torch.Tensor | None]]:
+    """`logprobs_and_kl(ctx, mb, **options)` of each micro-batch, the weights cast once for all
+    of them; only the real ones' (a sharded rank's stand-ins are computed, for the collectives,
+    and dropped)."""
+    policy = ctx.policy
+    with policy.cast_once():
+        for mb in micro_batches:
+            with policy.autocast():
+                logp, kl = logprobs_and_kl(ctx, mb, **options)
+            if mb.real:
+                yield mb, logp, kl
