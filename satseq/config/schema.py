@@ -61,6 +61,13 @@ class EvalConfig(Section):
         "the model cache): a full model an agent, the same weights to rounding, several times "
         "faster than the adapter path of vLLM on the CPU",
     )
+    rollout_cpus: float | None = Field(
+        None,
+        gt=0.0,
+        description="`satseq eval`'s rollout actors' CPUs each, and so their CPU engines' "
+        "threads (an evaluation runs no learner, whose CPUs training's rollout.resources leave "
+        "free); None: rollout.resources.num_cpus. Validation during training is not affected",
+    )
 
 
 class ServeConfig(Section):

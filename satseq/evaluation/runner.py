@@ -43,6 +43,7 @@ def run_evaluation(
     Raises DataError (dataset) or CheckpointError (checkpoint dir; `against` unreadable or on
     other problems) before starting anything.
     """
+    config = evaluation_config(config)
     team = resolve_team(checkpoint_dir, stage)
     problems = resolve_dataset(dataset, config)
     before = None
@@ -90,6 +91,17 @@ def run_evaluation(
         "config": yaml_config(config),
     }
     return evaluation, write_outputs(output_dir, evaluation, inference_config, extras)
+
+
+def evaluation_config(config: RunConfig) -> RunConfig:
+    """`config` as an evaluation runs it: with `eval.rollout_cpus`, each rollout actor's CPUs
+    (and its CPU engines' threads) are those."""
+    cpus = config.eval.rollout_cpus
+    if cpus is None:
+        return config
+    resources = config.rollout.resources.model_copy(update={"num_cpus": cpus})
+    rollout = config.rollout.model_copy(update={"resources": resources})
+    return config.model_copy(update={"rollout": rollout})
 
 
 def scored_model_dirs(agent_paths: dict[str, Path], merge_lora: bool) -> dict[str, str]:

@@ -92,3 +92,20 @@ def test_a_hub_name_offline_says_how_to_pass_a_local_file(alias, monkeypatch):
     message = str(error.value)
     assert HUB_DATASETS[alias].name in message
     assert f"--dataset {alias}.jsonl" in message and "to_json" in message
+
+
+def test_eval_rollout_cpus_sizes_the_evaluations_rollout_actors_and_their_engine_threads():
+    """Training's rollout actors share the machine with learners; an evaluation's need not."""
+    from satseq.config import QUICKSTART
+    from satseq.evaluation.runner import evaluation_config
+    from satseq.launch.settings import engine_options
+
+    trained = load_config(QUICKSTART, ["rollout.resources.num_cpus=1"])
+    assert evaluation_config(trained) is trained  # eval.rollout_cpus unset: as trained
+    config = load_config(QUICKSTART, ["rollout.resources.num_cpus=1", "eval.rollout_cpus=2"])
+    evaluated = evaluation_config(config)
+    assert evaluated.rollout.resources.num_cpus == 2.0
+    assert engine_options(evaluated)["num_threads"] == 2
+    assert engine_options(config)["num_threads"] == 1  # training's own stays as it was
+    with pytest.raises(ValueError, match=r"eval\.rollout_cpus"):
+        load_config(QUICKSTART, ["eval.rollout_cpus=0"])
