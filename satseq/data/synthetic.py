@@ -247,14 +247,12 @@ def make_split(
         # A mixture's problem keeps the level it drew until it finds an expression of it.
         level = knobs.draw_level(rng) if isinstance(knobs, Mixture) else None
         level_knobs = knobs if level is None else DIFFICULTY_LEVELS[level]
-        expression = _draw_unseen(rng, level_knobs, draws, seen, accepted)
-        if expression is None:
+        drawn = _draw_unseen(rng, level_knobs, draws, seen, accepted)
+        if drawn is None:
             raise _too_few_problems(len(problems), n, split, difficulty, level)
         problem_style = rng.choice(("words", "symbols")) if style == "mixed" else style
         problem_id = f"arith-{split}-{seed}-{len(problems)}"
-        problems.append(
-            _problem(problem_id, expression, problem_style, solution_format, rng, level)
-        )
+        problems.append(_problem(problem_id, *drawn, problem_style, solution_format, rng, level))
     return problems
 
 
@@ -332,28 +330,29 @@ def _draw_unseen(
     draws: Iterator[int],
     seen: set[str],
     accepted: set[str],
-) -> ArithmeticExpression | None:
-    """The next drawn expression of an `accepted` split not `seen` yet (and now seen); None once
-    `draws` runs out."""
+) -> tuple[ArithmeticExpression, str] | None:
+    """The next drawn expression of an `accepted` split not `seen` yet (and now seen), with its
+    compact text; None once `draws` runs out."""
     for _ in draws:
         expression = _draw_expression(rng, knobs)
         compact = expression.render()
         if compact not in seen and split_of(compact) in accepted:
             seen.add(compact)
-            return expression
+            return expression, compact
     return None
 
 
 def _problem(
     problem_id: str,
     expression: ArithmeticExpression,
+    compact: str,
     style: str,
     solution_format: SolutionFormat,
     rng: random.Random,
     level: int | None,
 ) -> MathProblem:
     meta = {
-        "expression": expression.render(),
+        "expression": compact,
         "style": style,
         "num_operands": len(expression.operands),
     }

@@ -264,7 +264,6 @@ def plan(run: RunConfig, gpu_gib: float, prompt_tokens: int) -> list[Phase]:
     no GPU: no budget). With `trainer.max_tokens_per_micro_batch: auto` a learner's
     micro-batches are as large as its GPU share holds (`TokenBudget`), and its phase says so."""
     trainer, rollout = run.trainer, run.rollout
-    compute = trainer.dtype if trainer.dtype != "auto" else "bfloat16"
     share = trainer.resources.num_gpus
     phases, engines = [], {}
     for i, agent in enumerate(run.team.agents):
@@ -283,14 +282,15 @@ def plan(run: RunConfig, gpu_gib: float, prompt_tokens: int) -> list[Phase]:
         who = f"learner {agent.name}" + (f" (each of {workers} ranks)" if workers > 1 else "")
         phases.append(Phase(who, phase, update.peak(), share * gpu_gib or math.inf))
         lora = run.agent_lora(i) is not None
-        engines.setdefault(agent.path if lora else agent.name, update.config)
+        engines.setdefault(agent.path if lora else agent.name, update)
     if run.plan.vllm_on_gpus:  # each engine its share
         engine_gib = rollout.gpu_memory_utilization * gpu_gib
         held = {f"engine {key}": engine_gib for key in engines}
+        actor_gib = rollout.resources.num_gpus * gpu_gib
         for j in range(rollout.num_actors):
-            share = rollout.resources.num_gpus * gpu_gib
-            phases.append(Phase(f"rollout actor {j}", "rollout", held, share))
-        for key, config in engines.items():
-            weights = {"bf16 weights": 2 * activation_profile(config, compute)[0] / GIB}
+            phases.append(Phase(f"rollout actor {j}", "rollout", held, actor_gib))
+        for key, update in engines.items():
+            parameters = activation_profile(update.config, update.compute_dtype)[0]
+            weights = {"bf16 weights": 2 * parameters / GIB}
             phases.append(Phase(f"engine {key}", "rollout (in its share)", weights, engine_gib))
     return phases
