@@ -68,8 +68,8 @@ def parse_run(text: str) -> Run:
     return Run(label, Path(config), overrides)
 
 
-def train_and_score(run_: Run, seed: int, root: Path, base_eval: Path) -> dict:
-    """Train `run_` on `seed`; its held-out evaluation against the base team's, and its
+def train_and_score(run_: Run, seed: int, root: Path, base_eval: Path, dataset: str) -> dict:
+    """Train `run_` on `seed`; its evaluation on `dataset` against the base team's, and its
     curves."""
     out = root / f"{run_.label}-seed{seed}"
     shutil.rmtree(out, ignore_errors=True)
@@ -79,11 +79,12 @@ def train_and_score(run_: Run, seed: int, root: Path, base_eval: Path) -> dict:
     _, train_s = run([SATSEQ, "train", str(run_.config), *sets, "--output-dir", str(out)],
                      out / "train.log")  # fmt: skip
     summary = eval_summary(out, out / "eval_last", out / "eval_last.log", "--against",
-                           str(base_eval))  # fmt: skip
+                           str(base_eval), dataset=dataset)  # fmt: skip
     stages = read_metrics(out / "metrics.jsonl")
     return {
         "run": run_.label,
         "seed": seed,
+        "dataset": dataset,
         "train_s": train_s,
         "tokens_generated": sum(stage.get("tokens/generated", 0) for stage in stages),
         "reward_per_stage": [stage.get("reward/mean") for stage in stages],
@@ -147,6 +148,13 @@ def main() -> None:
     parser.add_argument("--run", dest="runs", type=parse_run, action="append", default=[])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="/tmp/bench_learning")
+    parser.add_argument(
+        "--dataset",
+        default="synthetic:test",
+        help="what the teams are scored on: the held-out split for a report, or a validation "
+        "slice for tuning (synthetic:warmup: disjoint from train and test; only the builtin tiny "
+        "models were warm-started on it)",
+    )
     parser.add_argument("--results", type=Path, default=Path("/tmp/bench_learning.jsonl"))
     parser.add_argument(
         "--report",
@@ -167,9 +175,9 @@ def main() -> None:
     for run_ in args.runs:
         base = base_team(run_.config, run_.overrides, root / run_.label)
         base_eval = root / run_.label / "eval_base"
-        eval_summary(base, base_eval, root / run_.label / "eval_base.log")
+        eval_summary(base, base_eval, root / run_.label / "eval_base.log", dataset=args.dataset)
         for seed in args.seeds:
-            records.append(train_and_score(run_, seed, root, base_eval))
+            records.append(train_and_score(run_, seed, root, base_eval, args.dataset))
             with args.results.open("a") as results:
                 results.write(json.dumps(records[-1]) + "\n")
     print_table(records)

@@ -95,10 +95,12 @@ def run(command: list[str], log: Path, watch: Callable[[int], Any] = MemoryPeak)
     return watcher, time.perf_counter() - started
 
 
-def eval_summary(checkpoint_dir: Path, out: Path, log: Path, *flags: str) -> dict:
-    """`satseq eval`'s summary.json for the team in `checkpoint_dir` on the held-out problems;
-    `flags` as `satseq eval` takes them (--stage, --against)."""
-    command = [SATSEQ, "eval", "--dataset", "synthetic:test", "--checkpoint-dir"]
+def eval_summary(
+    checkpoint_dir: Path, out: Path, log: Path, *flags: str, dataset: str = "synthetic:test"
+) -> dict:
+    """`satseq eval`'s summary.json for the team in `checkpoint_dir` on `dataset` (by default
+    the held-out problems); `flags` as `satseq eval` takes them (--stage, --against)."""
+    command = [SATSEQ, "eval", "--dataset", dataset, "--checkpoint-dir"]
     run([*command, str(checkpoint_dir), "--output-dir", str(out), *flags], log)
     return json.loads((out / "summary.json").read_text())
 

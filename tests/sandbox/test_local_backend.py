@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from satseq.sandbox.isolation import Layer, SandboxUnavailable
-from satseq.sandbox.local import LocalBackend, LocalSandboxSettings
+from satseq.sandbox.local import LocalBackend, LocalSandboxSettings, Slot
 from satseq.sandbox.types import ExecutionRequest, IsolationLevel, Status
 from tests.sandbox.backends import run, slot_cgroup_dirs, start_backend
 
@@ -111,6 +111,47 @@ def test_a_dead_supervisor_is_replaced_on_its_uid_and_the_slot_keeps_serving():
         assert after["supervisor_pids"] != before["supervisor_pids"]
         assert after["slot_uids"] == before["slot_uids"]
     finally:
+        backend.close()
+
+
+def test_a_restart_that_probes_below_the_minimum_is_tried_once_more():
+    """The first successor of a killed supervisor is started without bubblewrap (a probe that
+    comes back below `full`, as one did once while its predecessor was still exiting); the
+    slot starts another, which reaches `full`, and serves. Below the minimum twice, it fails
+    closed (the next test)."""
+    backend = start_backend(workers=1)
+    (slot,) = backend._slots
+    launches = []
+
+    def launch_the_first_without_bubblewrap(timeout_s):
+        launches.append(slot._settings)
+        slot._settings = {**launches[0], "bubblewrap": len(launches) > 1}
+        return Slot._launch(slot, timeout_s)
+
+    try:
+        os.kill(backend.stats()["supervisor_pids"][0], signal.SIGKILL)
+        slot._launch = launch_the_first_without_bubblewrap
+        result = backend.run(ExecutionRequest(code="print('still here')"))
+        assert result.stdout == "still here\n"
+        assert len(launches) == 2
+        assert slot.report.level == IsolationLevel.FULL
+        assert backend.stats()["restarts"] == 1
+    finally:
+        backend.close()
+
+
+def test_a_restart_below_the_minimum_twice_fails_closed():
+    backend = start_backend(workers=1)
+    (slot,) = backend._slots
+    settings = slot._settings
+    try:
+        os.kill(backend.stats()["supervisor_pids"][0], signal.SIGKILL)
+        slot._settings = {**settings, "bubblewrap": False}
+        result = backend.run(ExecutionRequest(code="print('not here')"))
+        assert result.status == Status.SANDBOX_ERROR
+        assert "bubblewrap: disabled in the backend settings" in result.stderr
+    finally:
+        slot._settings = settings
         backend.close()
 
 
