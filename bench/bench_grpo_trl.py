@@ -233,7 +233,7 @@ def run_trl(args, out: Path) -> dict:
             epsilon=config.grpo.eps_low,
             loss_type="dapo",  # token mean over the batch, as satseq's GRPO
             max_grad_norm=config.trainer.grad_clip,
-            gradient_checkpointing=config.trainer.gradient_checkpointing,
+            gradient_checkpointing=config.trainer.checkpoint_every is not None,
             bf16=False,
             use_cpu=True,
             save_strategy="no",
@@ -317,7 +317,7 @@ def run_learner(args, out: Path) -> dict:
         "prompt_len": median(len(p) for p in prompts),
         "settings": (
             f"micro-batches of {spec.micro_batch_size}, gradient checkpointing "
-            f"{'on' if spec.gradient_checkpointing else 'off'}, logit chunks of "
+            f"{'on' if spec.checkpoint_every else 'off'}, logit chunks of "
             f"{spec.logit_chunk_tokens} tokens, {threads} thread(s)"
         ),
     }
@@ -349,7 +349,7 @@ def report(args, config: RunConfig, runs: dict[str, list[dict]], load) -> list[s
         f"GRPO on {args.model}{' (LoRA rank 16, both sides)' if args.lora else ''}: "
         f"{t.batch_size} prompts × G {config.grpo.group_size}, up to {r.max_new_tokens} new "
         f"tokens at T {r.temperature}, lr {t.lr}, gradient checkpointing "
-        f"{'on' if t.gradient_checkpointing else 'off'}, {args.steps} steps; {args.repeats} runs "
+        f"{'on' if t.checkpoint_every else 'off'}, {args.steps} steps; {args.repeats} runs "
         f"a side, alternating, on {os.cpu_count()} cores (load average {load[0]:.1f} before, "
         f"{load[1]:.1f} after); satseq: {r.engine} engine, {r.num_actors} rollout actor(s); "
         f"satseq's mean response {sum(lengths) / len(lengths):.1f} tokens",

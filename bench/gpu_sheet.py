@@ -191,7 +191,7 @@ def new_learner(mode: str, path: str, args, plan: Plan, **settings) -> Learner:
             dtype=args.dtype,
             device=args.device,
             micro_batch_size=plan.micro_batch,
-            gradient_checkpointing=plan.checkpointing,
+            checkpoint_every=1 if plan.checkpointing else None,
             num_threads=args.threads,
             **settings,
         )

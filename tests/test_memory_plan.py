@@ -11,15 +11,18 @@ import pytest
 from transformers import Qwen2Config
 from typer.testing import CliRunner
 
+from satseq.actors.learner.specs import CheckpointChoices, TokenBudget
 from satseq.cli.main import app
 from satseq.launch.memory_plan import (
     GIB,
+    PROMPT_TOKENS,
     USABLE,
     LearnerUpdate,
     Workload,
     activation_profile,
     lora_parameter_count,
     saved_bytes,
+    strides,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,8 +51,8 @@ def test_the_plan_predicts_the_peaks_measured_on_an_h100():
             lora = lora_parameter_count(config, 16) if mode == "lora" else None
             predicted = sum(
                 LearnerUpdate(
-                    config, "bfloat16", workload, exact_kl=mode == "exact",
-                    checkpointing=plan["checkpointing"], chunk_tokens=1024, lora_parameters=lora,
+                    config, "bfloat16", workload, exact_kl=mode == "exact", chunk_tokens=1024,
+                    checkpoint_every=1 if plan["checkpointing"] else None, lora_parameters=lora,
                 ).peak().values()
             )  # fmt: skip
             if "peak_gib" in row:
@@ -114,7 +117,7 @@ def test_a_token_budget_fills_its_share_of_the_device_and_not_a_token_more():
     share, device = 0.5, 8 * GIB
     base = LearnerUpdate(
         config, "bfloat16", Workload(10**6, 512, 1536, trajectories=16),
-        exact_kl=True, checkpointing=False, chunk_tokens=1024,
+        exact_kl=True, checkpoint_every=None, chunk_tokens=1024,
     )  # fmt: skip
     tokens = base.token_budget(share).tokens(device)
 
@@ -147,3 +150,75 @@ def test_auto_micro_batches_are_planned_on_a_gpu_and_left_alone_on_the_cpu():
     on_cpu = learner_spec(config, 0, LearnerSettings(LossSpec(), TrustRegionSpec()), "cpu", 1)
     assert on_gpu.token_budget == budget and on_gpu.max_tokens_per_micro_batch is None
     assert on_cpu.token_budget is None and on_cpu.max_tokens_per_micro_batch is None
+
+
+def test_checkpointing_strides_and_their_activations_by_hand():
+    """`strides`: none, then the most even stride for each count of checkpointed layers (L = 5:
+    layers {0}, {0, 3}, {0, 2, 4}, all). A stride k keeps the c = ⌈L/k⌉ checkpointed layers'
+    float32 inputs, the other L − c layers' saved tensors, and one layer's again while it is
+    recomputed; a = the per-token bytes of one layer without checkpointing."""
+    assert strides(5) == [None, 5, 3, 2, 1]
+    assert strides(4) == [None, 4, 2, 1]
+    assert strides(1) == [None, 1]
+    config = Qwen2Config(**sheet_shapes()["small"])
+    L, H = config.num_hidden_layers, config.hidden_size
+    a = activation_profile(config, "bfloat16")[1] / L
+    base = LearnerUpdate(
+        config, "bfloat16", Workload(1, 0, 1000, trajectories=1),
+        exact_kl=False, checkpoint_every=None, chunk_tokens=1024,
+    )  # fmt: skip
+    for every in strides(L):
+        update = dataclasses.replace(base, checkpoint_every=every)
+        c = 0 if every is None else -(-L // every)
+        expected = L * a if every is None else c * H * 4 + (L - c + 1) * a
+        assert update.token_budget().per_token == pytest.approx(expected)
+        assert update.peak()["activations"] * GIB == pytest.approx(1000 * expected)
+
+
+def test_auto_checkpointing_recomputes_the_fewest_layers_at_which_a_micro_batch_fits():
+    """By hand: three strides whose budgets hold 5, 50 and 500 tokens on a device; a micro-batch
+    of 40 tokens takes the second, of 400 the third, of 4,000 (nothing fits) the last."""
+    budgets = tuple(
+        (every, TokenBudget(fixed=0, state=0, step=0, per_token=per_token, share=1, usable=1))
+        for every, per_token in ((None, 20.0), (4, 2.0), (1, 0.2))
+    )
+    assert CheckpointChoices(budgets, 40).choose(100)[0] == 4
+    assert CheckpointChoices(budgets, 400).choose(100)[0] == 1
+    assert CheckpointChoices(budgets, 4000).choose(100)[0] == 1
+    assert CheckpointChoices(budgets, 5).choose(100)[0] is None
+
+
+def test_auto_checkpointing_is_planned_on_a_gpu_and_every_layer_on_the_cpu():
+    """`satseq plan` names the stride it chose (the seeds' 4B at micro-batch 4 needs every
+    layer on 80 GB; at micro-batch 1 on an H200's 141 GB, none); the learner spec carries the
+    choices on a GPU and checkpoints every layer on the CPU."""
+    from satseq.actors.learner.specs import LossSpec, TrustRegionSpec
+    from satseq.cluster.learner_specs import LearnerSettings, learner_spec
+    from satseq.config import load_config
+
+    runner = CliRunner()
+    auto = ["plan", "configs/sat_seq.yaml", "trainer.gradient_checkpointing=auto"]
+    every = runner.invoke(app, auto, env={"COLUMNS": "250"})
+    assert every.exit_code == 0 and "update (every layer checkpointed)" in every.output
+    roomy = [*auto, "trainer.micro_batch_size=1", "--gpu-gib", "141"]
+    none = runner.invoke(app, roomy, env={"COLUMNS": "250"})
+    assert none.exit_code == 0 and "update (no layer checkpointed)" in none.output
+
+    config = load_config("configs/sat_seq.yaml", ["trainer.gradient_checkpointing=auto"])
+    settings = LearnerSettings(LossSpec(), TrustRegionSpec())
+    on_gpu = learner_spec(config, 0, settings, "cuda", 1)
+    on_cpu = learner_spec(config, 0, settings, "cpu", 1)
+    assert [every for every, _ in on_gpu.checkpoint_choices.budgets] == strides(36)
+    assert on_gpu.checkpoint_choices.wanted_tokens == 4 * (PROMPT_TOKENS + 4096)
+    assert on_gpu.token_budget is None  # micro-batches are not auto here
+    assert on_cpu.checkpoint_choices is None and on_cpu.checkpoint_every == 1
+
+
+def test_gradient_checkpointing_is_read_as_a_stride_and_bad_values_name_the_key():
+    from satseq.config import ConfigError, load_config
+
+    for value, every in (("true", 1), ("false", None), ("3", 3), ("auto", 1)):
+        config = load_config(None, [f"trainer.gradient_checkpointing={value}"])
+        assert config.trainer.checkpoint_every == every
+    with pytest.raises(ConfigError, match=r"trainer\.gradient_checkpointing"):
+        load_config(None, ["trainer.gradient_checkpointing=often"])

@@ -16,7 +16,7 @@ from satseq.config import RunConfig
 from satseq.config.algorithms import KLControlConfig
 from satseq.config.team_plan import TeamPlan
 from satseq.config.trainer import TrainerConfig
-from satseq.launch.memory_plan import agent_update
+from satseq.launch.memory_plan import PROMPT_TOKENS, agent_update, checkpoint_choices
 from satseq.models import is_adapter_dir
 from satseq.models.adapters import adapter_base
 from satseq.seeds import agent_seed
@@ -72,6 +72,11 @@ def learner_spec(
     trainer = config.trainer
     agent = config.team.agents[agent_index]
     max_tokens = trainer.max_tokens_per_micro_batch
+    share, auto_checkpoints = trainer.resources.num_gpus, trainer.gradient_checkpointing == "auto"
+    # on a GPU, `auto` settings come from the memory plan, finished on the learner's device
+    planned = device == "cuda" and (max_tokens == "auto" or auto_checkpoints)
+    update = agent_update(config, agent_index, PROMPT_TOKENS, model_path) if planned else None
+    choices = checkpoint_choices(update, share) if update and auto_checkpoints else None
     dtype = (
         trainer.dtype
         if trainer.dtype != "auto"
@@ -88,18 +93,13 @@ def learner_spec(
         device=device,
         micro_batch_size=trainer.micro_batch_size,
         max_tokens_per_micro_batch=None if max_tokens == "auto" else max_tokens,
-        token_budget=(
-            agent_update(config, agent_index, path=model_path).token_budget(
-                trainer.resources.num_gpus
-            )
-            if max_tokens == "auto" and device == "cuda"
-            else None
-        ),
+        token_budget=update.token_budget(share) if update and max_tokens == "auto" else None,
         logit_chunk_tokens=trainer.logit_chunk_tokens,
         ppo_epochs=trainer.ppo_epochs,
         mini_batch_size=trainer.mini_batch_size,
         fp32_head=trainer.fp32_head,
-        gradient_checkpointing=trainer.gradient_checkpointing,
+        checkpoint_every=trainer.checkpoint_every,
+        checkpoint_choices=choices,
         temperature=config.rollout.temperature,  # behaviour log-probs at the sampling temperature
         value_lr=settings.value_lr,
         value_steps=config.sat_seq.value_steps,

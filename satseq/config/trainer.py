@@ -44,9 +44,23 @@ class TrainerConfig(Section):
     logit_chunk_tokens: int = Field(
         1024, ge=1, description="response tokens per output-layer chunk: logits are [chunk, V]"
     )
-    gradient_checkpointing: bool = Field(
-        False, description="recompute activations in backward: same results, less memory"
+    gradient_checkpointing: bool | Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        False,
+        description="recompute activations in backward (same results, less memory): true every "
+        "decoder layer, k every k-th (layers 0, k, 2k, ...); auto: on a GPU, the fewest "
+        "recomputed layers at which a micro-batch of micro_batch_size longest trajectories fits "
+        "by the memory plan (`satseq plan`), every layer on the CPU",
     )
+
+    @property
+    def checkpoint_every(self) -> int | None:
+        """`gradient_checkpointing` as a layer stride (None: off); auto reads as every layer,
+        what it is wherever no plan chooses (the CPU)."""
+        value = self.gradient_checkpointing
+        if value is False:
+            return None
+        return 1 if value is True or value == "auto" else value
+
     fp32_head: bool = Field(
         True,
         description="the output layer's product float32-accurate under bf16 autocast (a float32 "

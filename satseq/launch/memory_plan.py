@@ -7,8 +7,9 @@ A learner's update, per rank of an agent's W (FSDP2 shards the state over W):
     weight casts    2·P     bf16 compute: autocast's copy of every weight, kept for the backward
     activations             what the forward keeps for the backward at a micro-batch's tokens,
                             counted by running the model on fake tensors (`FakeTensorMode`:
-                            shapes only); with gradient checkpointing, each layer's input and one
-                            layer's saved tensors
+                            shapes only); with gradient checkpointing of every k-th layer, the
+                            c = ⌈L/k⌉ checkpointed layers' float32 inputs, the other L − c
+                            layers' saved tensors, and one layer's again while it is recomputed
     logits          4·m·V·4 a chunk of m = logit_chunk_tokens states: its float32 logits,
                             log-softmax, softmax and gradient (chunked, design §11)
     reference       (V·H + R·H)·4  the exact KL's π_cur: its output layer and its hidden states
@@ -34,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from satseq.actors.learner.specs import TokenBudget
+from satseq.actors.learner.specs import CheckpointChoices, TokenBudget
 from satseq.config import RunConfig
 
 GIB = 1024**3
@@ -42,6 +43,8 @@ USABLE = 0.9
 """The share of a device a phase may plan to fill: the CUDA context and the caching allocator's
 fragmentation take the rest (the 4B exact update, predicted at 73.6 GiB, ran out of memory on an
 80 GB H100)."""
+PROMPT_TOKENS = 512
+"""The prompt length a plan assumes where it is not told one (`satseq plan --prompt-tokens`)."""
 # float32 [chunk, V] buffers: the fused output layer holds 2 at once, 3 with the exact KL
 # (measured: tests/algo/test_lm_head.py), and on tensor cores a bf16 copy of the gradient; 4 is
 # what the H100 sheet's peaks were fitted with (the layer before it), an upper bound until a GPU
@@ -174,14 +177,15 @@ class Workload:
 @dataclass(frozen=True)
 class LearnerUpdate:
     """One learner rank's update: its model's config, compute dtype and shapes, its share of
-    the agent's W ranks, whether it keeps the exact KL's reference, checkpoints its layers, and
-    trains an adapter (of `lora_parameters`) rather than every weight."""
+    the agent's W ranks, whether it keeps the exact KL's reference, which of its layers it
+    checkpoints (every k-th; None: none), and whether it trains an adapter (of
+    `lora_parameters`) rather than every weight."""
 
     config: Any
     compute_dtype: str
     workload: Workload
     exact_kl: bool
-    checkpointing: bool
+    checkpoint_every: int | None
     chunk_tokens: int
     workers: int = 1
     lora_parameters: int | None = None
@@ -207,8 +211,9 @@ class LearnerUpdate:
         config, workload = self.config, self.workload
         P, per_token = activation_profile(config, self.compute_dtype)
         H, V, layers = config.hidden_size, config.vocab_size, config.num_hidden_layers
-        if self.checkpointing:  # each layer's float32 input, and one layer's saved tensors
-            per_token = layers * H * 4 + per_token / layers
+        if self.checkpoint_every is not None:
+            c = math.ceil(layers / self.checkpoint_every)  # the checkpointed layers
+            per_token = c * H * 4 + (layers - c + 1) * per_token / layers
         lora = self.lora_parameters is not None
         trained = self.lora_parameters if lora else P
         casts = 2 * P if (self.compute_dtype != "float32" or lora) else 0
@@ -221,6 +226,32 @@ class LearnerUpdate:
             reference = (V + workload.trajectories * workload.response_tokens) * H * 4
             fixed.append(("exact-KL reference", reference))
         return fixed, per_token, 4 * trained / self.workers
+
+
+def strides(layers: int) -> list[int | None]:
+    """The checkpointing strides `gradient_checkpointing: auto` considers, fewest recomputed
+    layers first: none, then for each count c of checkpointed layers the most even stride k with
+    ⌈L/k⌉ = c, down to every layer (k = 1)."""
+    by_count: dict[int, int] = {}
+    for k in range(1, layers + 1):
+        by_count.setdefault(math.ceil(layers / k), k)
+    return [None, *(by_count[c] for c in sorted(by_count))]
+
+
+def checkpoint_choices(update: LearnerUpdate, share: float) -> CheckpointChoices:
+    """`gradient_checkpointing: auto`: the update's token budget on `share` of a device at each
+    stride, and the tokens one micro-batch of its workload needs."""
+    budgets = tuple(
+        (every, dataclasses.replace(update, checkpoint_every=every).token_budget(share))
+        for every in strides(update.config.num_hidden_layers)
+    )
+    return CheckpointChoices(budgets, update.workload.tokens)
+
+
+def stride_name(every: int | None) -> str:
+    if every is None:
+        return "no layer checkpointed"
+    return "every layer checkpointed" if every == 1 else f"one layer in {every} checkpointed"
 
 
 def lora_parameter_count(config, rank: int) -> int:
@@ -253,7 +284,7 @@ def agent_update(
     return LearnerUpdate(
         config, compute, workload, workers=run.plan.agents[i].workers,
         exact_kl=run.algorithm.name == "sat_seq" and run.algorithm.kl_ctrl.estimator == "exact",
-        checkpointing=trainer.gradient_checkpointing, chunk_tokens=trainer.logit_chunk_tokens,
+        checkpoint_every=trainer.checkpoint_every, chunk_tokens=trainer.logit_chunk_tokens,
         lora_parameters=None if lora is None else lora_parameter_count(config, lora.rank),
     )  # fmt: skip
 
@@ -262,22 +293,28 @@ def plan(run: RunConfig, gpu_gib: float, prompt_tokens: int) -> list[Phase]:
     """Every learner rank's update and every rollout actor's generation, against the GPU share
     its placement bundle has (`trainer.resources`, `rollout.resources`; host memory where it has
     no GPU: no budget). With `trainer.max_tokens_per_micro_batch: auto` a learner's
-    micro-batches are as large as its GPU share holds (`TokenBudget`), and its phase says so."""
+    micro-batches are as large as its GPU share holds (`TokenBudget`), with
+    `trainer.gradient_checkpointing: auto` it checkpoints the fewest layers at which a configured
+    micro-batch fits (`CheckpointChoices`), and its phase says so."""
     trainer, rollout = run.trainer, run.rollout
     share = trainer.resources.num_gpus
     phases, engines = [], {}
     for i, agent in enumerate(run.team.agents):
-        update = agent_update(run, i, prompt_tokens)
-        phase = "update"
+        update, chosen = agent_update(run, i, prompt_tokens), []
+        if trainer.gradient_checkpointing == "auto" and share:
+            every, _ = checkpoint_choices(update, share).choose(gpu_gib * GIB)
+            update = dataclasses.replace(update, checkpoint_every=every)
+            chosen.append(stride_name(every))
         if trainer.max_tokens_per_micro_batch == "auto" and share:
             tokens = update.token_budget(share).tokens(gpu_gib * GIB)
             workload = dataclasses.replace(update.workload, max_tokens=tokens)
             update = dataclasses.replace(update, workload=workload)
-            phase = (
-                f"update (micro-batches of at most {tokens:,} tokens)"
+            chosen.append(
+                f"micro-batches of at most {tokens:,} tokens"
                 if tokens
-                else "update (no micro-batch fits beside the rest)"
+                else "no micro-batch fits beside the rest"
             )
+        phase = f"update ({'; '.join(chosen)})" if chosen else "update"
         workers = run.plan.agents[i].workers
         who = f"learner {agent.name}" + (f" (each of {workers} ranks)" if workers > 1 else "")
         phases.append(Phase(who, phase, update.peak(), share * gpu_gib or math.inf))

@@ -27,6 +27,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from satseq.model_trust import trusts
 from satseq.models.cache import (
@@ -200,3 +201,14 @@ def _looks_like_a_path(name: str) -> bool:
 def _first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else "no details"
+
+
+def checkpoint_layers(model: PreTrainedModel, every: int) -> None:
+    """Gradient checkpointing of every `every`-th decoder layer (0, every, 2·every, ...): those
+    keep only their input for the backward and run again in it; the others keep their
+    activations."""
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for index, layer in enumerate(layers):
+        layer.gradient_checkpointing = index % every == 0

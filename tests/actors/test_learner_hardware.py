@@ -247,9 +247,23 @@ def saved_activation_bytes(agent, trajectories) -> tuple[int, torch.Tensor]:
 
 
 def test_gradient_checkpointing_changes_memory_not_results(raw_tiny_model):
+    """Every layer, every second layer (0, 2, ...) and none: the same update, each stride
+    keeping less for the backward than the sparser one."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
     trajectories = batch(learner(raw_tiny_model).policy.tokenizer)
     plain_bytes, plain_logp = saved_activation_bytes(learner(raw_tiny_model), trajectories)
-    agent = learner(raw_tiny_model, gradient_checkpointing=True)
-    checkpointed_bytes, checkpointed_logp = saved_activation_bytes(agent, trajectories)
-    assert checkpointed_bytes < 0.7 * plain_bytes
-    torch.testing.assert_close(checkpointed_logp, plain_logp, rtol=0, atol=1e-6)
+    saved = {}
+    for every in (1, 2):
+        agent = learner(raw_tiny_model, checkpoint_every=every)
+        layers = [
+            m for m in agent.policy.model.modules() if isinstance(m, GradientCheckpointingLayer)
+        ]
+        assert len(layers) >= 2
+        assert [layer.gradient_checkpointing for layer in layers] == [
+            index % every == 0 for index in range(len(layers))
+        ]
+        saved[every], logp = saved_activation_bytes(agent, trajectories)
+        torch.testing.assert_close(logp, plain_logp, rtol=0, atol=1e-6)
+    assert saved[1] < 0.7 * plain_bytes
+    assert saved[1] < saved[2] < plain_bytes

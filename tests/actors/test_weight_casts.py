@@ -45,7 +45,7 @@ def casts_per_weight(monkeypatch, model, micro_batch_size, checkpointing) -> dic
         dtype="bfloat16",
         kl_coef=0.5,
         ppo_epochs=2,
-        gradient_checkpointing=checkpointing,
+        checkpoint_every=1 if checkpointing else None,
     )
     weights = learner.policy.trainable_parameters()
     batch = trajectories(learner.policy.tokenizer)

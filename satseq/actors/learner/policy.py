@@ -32,7 +32,7 @@ from satseq.actors.sharding import ShardGroup, shard_policy
 from satseq.actors.trajectory import PaddedBatch, Trajectory, pad_batch
 from satseq.models import is_adapter_dir, load_policy
 from satseq.models.adapters import adapter_config, load_adapted_policy
-from satseq.models.loading import TORCH_DTYPES
+from satseq.models.loading import TORCH_DTYPES, checkpoint_layers
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,9 @@ class AgentPolicy:
                 spec.model_path, dtype="float32", device=spec.device
             )
         self.device = next(self.model.parameters()).device
-        if spec.gradient_checkpointing:
-            self.model.config.use_cache = False
-            self.model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+        self.checkpoint_every, self.max_tokens = self._memory_settings(spec)
+        if self.checkpoint_every is not None:
+            checkpoint_layers(self.model, self.checkpoint_every)
         self.model.train()
         self.trunk = PolicyTrunk(self.model, spec.fp32_head)
         if self.group.sharded:
@@ -82,19 +80,29 @@ class AgentPolicy:
         )
         self.snapshot = TrainingSnapshot()
         self.pad_token_id = self.tokenizer.pad_token_id
-        self.max_tokens = spec.max_tokens_per_micro_batch
-        """A micro-batch's most tokens (None: no cap): the spec's, or on a GPU its plan's."""
-        if spec.token_budget is not None and self.device.type == "cuda":
-            device_bytes = torch.cuda.get_device_properties(self.device).total_memory
-            self.max_tokens = spec.token_budget.tokens(device_bytes)
-            if not self.max_tokens:
-                log.warning("the memory plan leaves no room for activations: one trajectory a pass")
         self.residency = Residency(  # sharded, FSDP2 offloads instead
             self.model,
             self.optimizer,
             self.compute_dtype,
             spec.offload == "idle_agents" and not self.group.sharded,
         )
+
+    def _memory_settings(self, spec: LearnerSpec) -> tuple[int | None, int | None]:
+        """The checkpointed layers' stride (None: none) and a micro-batch's most tokens (None:
+        no cap): the spec's, or on a GPU what its memory plan gives this device."""
+        every, budget = spec.checkpoint_every, spec.token_budget
+        if self.device.type != "cuda":
+            return every, spec.max_tokens_per_micro_batch
+        device_bytes = torch.cuda.get_device_properties(self.device).total_memory
+        if spec.checkpoint_choices is not None:
+            every, chosen = spec.checkpoint_choices.choose(device_bytes)
+            budget = chosen if budget is not None else None
+        if budget is None:
+            return every, spec.max_tokens_per_micro_batch
+        tokens = budget.tokens(device_bytes)
+        if not tokens:
+            log.warning("the memory plan leaves no room for activations: one trajectory a pass")
+        return every, tokens
 
     def share_base(self, other: AgentPolicy) -> bool:
         """This LoRA agent's frozen base weights become `other`'s where `other` is a LoRA agent

@@ -79,6 +79,24 @@ class TokenBudget:
 
 
 @dataclass(frozen=True)
+class CheckpointChoices:
+    """`trainer.gradient_checkpointing: auto` on a GPU: the update's token budget at each layer
+    stride the plan considers, fewest recomputed layers first (None: no checkpointing; k: every
+    k-th layer), and the tokens a micro-batch of the configured shape needs."""
+
+    budgets: tuple[tuple[int | None, TokenBudget], ...]
+    wanted_tokens: int
+
+    def choose(self, device_bytes: float) -> tuple[int | None, TokenBudget]:
+        """The first stride at which a configured micro-batch fits; the last (every layer) where
+        none does."""
+        for every, budget in self.budgets:
+            if budget.tokens(device_bytes) >= self.wanted_tokens:
+                return every, budget
+        return self.budgets[-1]
+
+
+@dataclass(frozen=True)
 class LearnerSpec:
     model_path: str
     agent_index: int
@@ -90,13 +108,15 @@ class LearnerSpec:
     device: str = "cpu"
     micro_batch_size: int = 8
     # a micro-batch's tokens (its trajectories' prompt + response tokens; padded where the
-    # model does not pack); `token_budget`: set on a GPU from the memory plan instead
+    # model does not pack); `token_budget`: set on a GPU from the memory plan instead (at the
+    # chosen stride where `checkpoint_choices` chooses one)
     max_tokens_per_micro_batch: int | None = None
     token_budget: TokenBudget | None = None
     logit_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     ppo_epochs: int = 1  # passes over the agent's stage batch, each checked by the trust region
     mini_batch_size: int | None = None  # trajectories per optimiser step; None: the whole batch
-    gradient_checkpointing: bool = False
+    checkpoint_every: int | None = None  # gradient checkpointing of every k-th layer; None: off
+    checkpoint_choices: CheckpointChoices | None = None  # on a GPU, the plan's stride instead
     fp32_head: bool = True  # the output layer's logits in float32 under autocast
     temperature: float = 1.0
     value_lr: float | None = None  # `gae` mode: a value head fitted at this lr; None: no head
