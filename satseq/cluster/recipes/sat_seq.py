@@ -13,6 +13,7 @@ from satseq.actors.topology import mixture_assignment
 from satseq.actors.trajectory import Trajectory
 from satseq.algo import (
     AgentScheduler,
+    GroupAdvantages,
     certified_alpha,
     gae,
     gae_group_advantages,
@@ -96,8 +97,7 @@ class SatSeqRecipe(Recipe):
 
     def run_stage(self, k: int) -> StageResult:
         """design §3 steps 1–7 for stage k."""
-        rt, cfg = self.runtime, self.config
-        agents = rt.team.agents
+        rt, cfg, agents = self.runtime, self.config, self.runtime.team.agents
         timings: dict[str, float] = {}
         clock = time.perf_counter()
 
@@ -125,15 +125,7 @@ class SatSeqRecipe(Recipe):
         clock = lap(timings, "time/logprobs", clock)
 
         # 5. the order σ of this stage's block-coordinate updates
-        train, holdout = range(batch.n_train), range(batch.n_train, len(batch.trajectories))
-        train_rows = [batch.rows_of(i, train) for i in range(len(agents))]
-        uniform = group_advantages(R[train].view(-1, G), A_clip=cfg.sat_seq.A_clip)
-        first_A = uniform.advantages.flatten()
-        mean_abs_A = {
-            name: float(first_A[rows].abs().mean()) if rows else 0.0
-            for name, rows in zip(agents, train_rows, strict=True)
-        }
-        sigma = self.scheduler.order(k, last_gains=self.last_gains, mean_abs_advantage=mean_abs_A)
+        sigma, uniform = self._order(k, batch)
 
         # 6. update agent σ(1), then σ(2), ... each seeing the ones before it through c
         logp_hat = logp_cur.clone()
@@ -142,40 +134,11 @@ class SatSeqRecipe(Recipe):
         for name in sigma:
             i = agents.index(name)
             rt.set_progress("update", agent=name)
-            updated_tokens = batch.owned_by(updated)
             c = w * truncated_is_weights(
-                logp_hat, logp_cur, updated_tokens, cfg.sat_seq.max_log_ratio
+                logp_hat, logp_cur, batch.owned_by(updated), cfg.sat_seq.max_log_ratio
             )
-            rows = train_rows[i]
-            if cfg.sat_seq.advantage == "gae" and rows:
-                A, returns, value_metrics = self._gae_advantages(i, batch, rows, c)
-            else:
-                weights = c[train] * (batch.owns[i, train] if self.own_baseline else 1.0)
-                A = group_advantages(
-                    R[train].view(-1, G), weights=weights.view(-1, G), A_clip=cfg.sat_seq.A_clip
-                ).advantages.flatten()
-                returns, value_metrics = None, {}
-            checked = batch.rows_of(i, holdout) if self.measure_held_out else []
-            stats = rt.update(i, batch, rows, logp_cur, A, c, checked)
-            if returns is not None:  # the value head learns the returns with the updated weights
-                value_metrics["value/loss"] = rt.fit_values(i, batch, rows, returns)
-            own = batch.owned_by([i])[rows]
-            T_i = stats.logp_hat.shape[1]  # the agent's rows are padded to their own longest
-            logp_hat[rows, :T_i] = torch.where(
-                own[:, :T_i] > 0, stats.logp_hat[: len(rows)], logp_hat[rows, :T_i]
-            )
+            per_agent[name] = self._update_agent(i, batch, logp_cur, c, logp_hat)
             updated.append(i)
-            rt.weight_sync.push(i)
-            per_agent[name] = (
-                update_metrics(stats)
-                | value_metrics
-                | {
-                    "trust/certified_alpha": self._certified_alpha(stats, rows + checked),
-                    # on the agent's own rows: a mixed group's baseline need not centre them
-                    "advantage/own_mean": float(A[rows].mean()) if rows else 0.0,
-                    "is_weight/own_mean": float(c[rows].mean()) if rows else 1.0,
-                }
-            )
         clock = lap(timings, "time/update", clock)
 
         # 7. certificate on the held-out prompts (the team's bound against the policy that
@@ -193,7 +156,7 @@ class SatSeqRecipe(Recipe):
         metrics = {
             **stage_metrics(rt, batch, per_agent),
             "reward/team_vote": team_vote_accuracy(rt.scorer, batch.trajectories, G),
-            "groups/degenerate_fraction": uniform.degenerate_groups / max(len(train) // G, 1),
+            "groups/degenerate_fraction": uniform.degenerate_groups / max(batch.n_train // G, 1),
             "certificate/bandit_lower_bound": bandit["lower_bound"] if bandit else float("nan"),
             **rollouts.metrics,
             **rollout_metrics(self.queue, rollouts, correction, timings),
@@ -204,6 +167,69 @@ class SatSeqRecipe(Recipe):
         return StageResult(metrics, certificate)
 
     # --- the steps -------------------------------------------------------------------------------
+
+    def _order(self, k: int, batch: StageBatch) -> tuple[list[str], GroupAdvantages]:
+        """design §3 step 5: the order σ of stage k's updates (by each agent's mean |A| under
+        the uniform group advantages of the training rows, or the last stage's gains), and those
+        advantages (they count the degenerate groups)."""
+        cfg, agents, train = self.config, self.runtime.team.agents, range(batch.n_train)
+        G = cfg.sat_seq.group_size
+        uniform = group_advantages(batch.rewards[train].view(-1, G), A_clip=cfg.sat_seq.A_clip)
+        first_A = uniform.advantages.flatten()
+        mean_abs_A = {}
+        for i, name in enumerate(agents):
+            rows = batch.rows_of(i, train)
+            mean_abs_A[name] = float(first_A[rows].abs().mean()) if rows else 0.0
+        sigma = self.scheduler.order(k, last_gains=self.last_gains, mean_abs_advantage=mean_abs_A)
+        return sigma, uniform
+
+    def _update_agent(
+        self,
+        i: int,
+        batch: StageBatch,
+        logp_cur: torch.Tensor,
+        c: torch.Tensor,
+        logp_hat: torch.Tensor,
+    ) -> dict[str, float]:
+        """design §3 step 6 for agent i, seeing the agents updated before it through c (their
+        truncated IS weights times the rollout correction): its advantages (group-normalised
+        under c, or GAE's), its trust-region update on its training rows (checked on its
+        held-out rows with `measure_on: held_out`), its new log-probs written into logp_hat on
+        its own tokens, its weights pushed to the engines. Returns its metrics."""
+        cfg, rt = self.config, self.runtime
+        G, train = cfg.sat_seq.group_size, range(batch.n_train)
+        rows = batch.rows_of(i, train)
+        if cfg.sat_seq.advantage == "gae" and rows:
+            A, returns, value_metrics = self._gae_advantages(i, batch, rows, c)
+        else:
+            weights = c[train] * (batch.owns[i, train] if self.own_baseline else 1.0)
+            A = group_advantages(
+                batch.rewards[train].view(-1, G),
+                weights=weights.view(-1, G),
+                A_clip=cfg.sat_seq.A_clip,
+            ).advantages.flatten()
+            returns, value_metrics = None, {}
+        holdout = range(batch.n_train, len(batch.trajectories))
+        checked = batch.rows_of(i, holdout) if self.measure_held_out else []
+        stats = rt.update(i, batch, rows, logp_cur, A, c, checked)
+        if returns is not None:  # the value head learns the returns with the updated weights
+            value_metrics["value/loss"] = rt.fit_values(i, batch, rows, returns)
+        own = batch.owned_by([i])[rows]
+        T_i = stats.logp_hat.shape[1]  # the agent's rows are padded to their own longest
+        logp_hat[rows, :T_i] = torch.where(
+            own[:, :T_i] > 0, stats.logp_hat[: len(rows)], logp_hat[rows, :T_i]
+        )
+        rt.weight_sync.push(i)
+        return (
+            update_metrics(stats)
+            | value_metrics
+            | {
+                "trust/certified_alpha": self._certified_alpha(stats, rows + checked),
+                # on the agent's own rows: a mixed group's baseline need not centre them
+                "advantage/own_mean": float(A[rows].mean()) if rows else 0.0,
+                "is_weight/own_mean": float(c[rows].mean()) if rows else 1.0,
+            }
+        )
 
     def _certified_alpha(self, stats, rows: list[int]) -> float:
         """The level agent i's update certifies (design §4): the Clopper–Pearson bound at
