@@ -108,7 +108,9 @@ def pooled(records: list[dict]) -> PooledVotes:
 
 
 def print_table(records: list[dict]) -> None:
-    print("| run | seed | held-out vote, base → after (gained, lost; p) | best agent | tokens |")
+    scored_on = ", ".join(sorted({r.get("dataset", "synthetic:test") for r in records}))
+    change = f"vote on {scored_on}, base → after (gained, lost; p)"
+    print(f"| run | seed | {change} | best agent | tokens |")
     print("|---|---|---|---|---|")
     for r in records:
         a = r["against"]

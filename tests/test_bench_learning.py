@@ -64,4 +64,5 @@ def test_report_pools_the_records_that_several_invocations_wrote(
     bench.main()
     out = capsys.readouterr().out
     assert "K0: pooled over 2: +0.100" in out and "3 gained, 1 lost" in out
+    assert "vote on synthetic:test, base → after" in out  # records before --dataset: held out
     assert results.with_suffix(".png").stat().st_size > 0
