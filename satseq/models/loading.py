@@ -27,7 +27,6 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 from satseq.model_trust import trusts
 from satseq.models.cache import (
@@ -209,6 +208,10 @@ def checkpoint_layers(model: PreTrainedModel, every: int) -> None:
     activations."""
     model.config.use_cache = False
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if every == 1:
+        return  # every layer, as enabled (no per-layer flags needed)
+    from transformers.modeling_layers import GradientCheckpointingLayer  # transformers 5's layers
+
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     for index, layer in enumerate(layers):
         layer.gradient_checkpointing = index % every == 0
