@@ -24,7 +24,7 @@ import json
 import shutil
 from pathlib import Path
 
-from bench_lora_team import SATSEQ, run, stage_seconds, team_vote
+from bench_lora_team import SATSEQ, run, stage_seconds, stage_tokens, team_vote
 
 from satseq.report import read_metrics
 
@@ -33,7 +33,7 @@ def cumulative(stages: list[dict]) -> list[tuple[int, float]]:
     """After each stage: (generated tokens, seconds) since the run's first stage."""
     tokens, seconds, totals = 0, 0.0, []
     for stage in stages:
-        tokens += stage.get("tokens/generated", 0) + stage.get("tokens/dropped", 0)
+        tokens += stage_tokens(stage)
         seconds += stage_seconds(stage)
         totals.append((tokens, seconds))
     return totals

@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_lora_team import SATSEQ, base_team, eval_summary, run
+from bench_lora_team import SATSEQ, base_team, eval_summary, run, stage_tokens
 
 from satseq.evaluation.compare import PooledVotes, paired_votes, read_team_votes
 from satseq.report import read_metrics
@@ -68,25 +68,72 @@ def parse_run(text: str) -> Run:
     return Run(label, Path(config), overrides)
 
 
-def train_and_score(run_: Run, seed: int, root: Path, base_eval: Path, dataset: str) -> dict:
-    """Train `run_` on `seed`; its evaluation on `dataset` against the base team's, and its
-    curves."""
+def settings(run_: Run, seed: int | None = None) -> list[str]:
+    """The run's overrides, and its seed when one is given."""
+    return [*run_.overrides, *([f"trainer.seed={seed}"] if seed is not None else [])]
+
+
+def eval_flags(run_: Run) -> list[str]:
+    """`--set` flags that score every team of `run_` as its config says (`eval.*`), whatever the
+    team's own train_config.yaml holds."""
+    from satseq.config import load_config
+
+    section = load_config(run_.config, settings(run_)).eval.model_dump()
+    return [
+        part
+        for key, value in section.items()
+        for part in ("--set", f"eval.{key}={json.dumps(value)}")
+    ]
+
+
+def training_settings(config: Path, overrides: list[str]) -> dict:
+    """The resolved config but for what does not change the trained weights: when checkpoints
+    are written (`trainer.save_every`) and how a team is scored (`eval`)."""
+    from satseq.config import load_config
+
+    resolved = load_config(config, overrides).model_dump()
+    del resolved["trainer"]["save_every"], resolved["eval"]
+    return resolved
+
+
+def trained_already(out: Path, run_: Run, seed: int) -> bool:
+    """`out` holds `run_` trained on `seed` to its last stage by an earlier invocation: its
+    train_config.yaml resolves to the same training settings and it logged every stage."""
+    from satseq.config import TRAIN_CONFIG
+
+    if not (out / TRAIN_CONFIG).is_file() or not (out / "metrics.jsonl").is_file():
+        return False
+    wanted = training_settings(run_.config, settings(run_, seed))
+    return (
+        training_settings(out / TRAIN_CONFIG, []) == wanted
+        and len(read_metrics(out / "metrics.jsonl")) == wanted["trainer"]["stages"]
+    )
+
+
+def train_and_score(
+    run_: Run, seed: int, root: Path, base_eval: Path, dataset: str, reuse: bool = False
+) -> dict:
+    """Train `run_` on `seed` (or, with `reuse`, keep the run an earlier invocation trained
+    there); its evaluation on `dataset` against the base team's, and its curves."""
     out = root / f"{run_.label}-seed{seed}"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    settings = [*run_.overrides, f"trainer.seed={seed}"]
-    sets = [part for setting in settings for part in ("--set", setting)]
-    _, train_s = run([SATSEQ, "train", str(run_.config), *sets, "--output-dir", str(out)],
-                     out / "train.log")  # fmt: skip
+    reused, train_s = reuse and trained_already(out, run_, seed), None
+    if not reused:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        sets = [part for setting in settings(run_, seed) for part in ("--set", setting)]
+        _, train_s = run([SATSEQ, "train", str(run_.config), *sets, "--output-dir", str(out)],
+                         out / "train.log")  # fmt: skip
     summary = eval_summary(out, out / "eval_last", out / "eval_last.log", "--against",
-                           str(base_eval), dataset=dataset)  # fmt: skip
+                           str(base_eval), *eval_flags(run_), dataset=dataset)  # fmt: skip
     stages = read_metrics(out / "metrics.jsonl")
     return {
         "run": run_.label,
         "seed": seed,
         "dataset": dataset,
-        "train_s": train_s,
-        "tokens_generated": sum(stage.get("tokens/generated", 0) for stage in stages),
+        "reused": reused,
+        "train_s": train_s,  # None: trained by an earlier invocation
+        # with dynamic sampling's dropped groups: what the run cost (runs compare at equal tokens)
+        "tokens_generated": sum(stage_tokens(stage) for stage in stages),
         "reward_per_stage": [stage.get("reward/mean") for stage in stages],
         "vote": summary["team_vote_accuracy"],
         "best_agent": max(agent["accuracy"] for agent in summary["per_agent"].values()),
@@ -164,6 +211,13 @@ def main() -> None:
         help="train nothing: the table, pooled lines and curves of every record in --results "
         "(seeds trained by several invocations; their eval dirs must still exist)",
     )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="score a seed's run that an earlier invocation trained to its last stage in "
+        "--out/LABEL-seedN with the same settings (trainer.save_every and eval aside) instead "
+        "of training it again",
+    )
     args = parser.parse_args()
     if args.report:
         records = [json.loads(line) for line in args.results.read_text().splitlines() if line]
@@ -177,9 +231,12 @@ def main() -> None:
     for run_ in args.runs:
         base = base_team(run_.config, run_.overrides, root / run_.label)
         base_eval = root / run_.label / "eval_base"
-        eval_summary(base, base_eval, root / run_.label / "eval_base.log", dataset=args.dataset)
+        eval_summary(base, base_eval, root / run_.label / "eval_base.log", *eval_flags(run_),
+                     dataset=args.dataset)  # fmt: skip
         for seed in args.seeds:
-            records.append(train_and_score(run_, seed, root, base_eval, args.dataset))
+            records.append(
+                train_and_score(run_, seed, root, base_eval, args.dataset, reuse=args.reuse)
+            )
             with args.results.open("a") as results:
                 results.write(json.dumps(records[-1]) + "\n")
     print_table(records)

@@ -66,3 +66,28 @@ def test_report_pools_the_records_that_several_invocations_wrote(
     assert "K0: pooled over 2: +0.100" in out and "3 gained, 1 lost" in out
     assert "vote on synthetic:test, base → after" in out  # records before --dataset: held out
     assert results.with_suffix(".png").stat().st_size > 0
+
+
+def test_reuse_keeps_only_a_run_trained_with_the_same_settings_to_its_last_stage(bench, tmp_path):
+    """`--reuse`: a seed's run is scored again only where an earlier invocation trained the
+    same settings (when it saved and how it is scored aside) through every stage."""
+    from satseq.config import TRAIN_CONFIG, dump_config, load_config
+
+    run = bench.parse_run("r=configs/smollm2.yaml trainer.stages=2")
+    out = tmp_path / "r-seed3"
+    out.mkdir()
+    assert not bench.trained_already(out, run, 3)  # nothing there
+
+    def trained(*overrides: str, stages: int = 2) -> bool:
+        config = load_config(Path("configs/smollm2.yaml"), ["trainer.stages=2", *overrides])
+        (out / TRAIN_CONFIG).write_text(dump_config(config))
+        (out / "metrics.jsonl").write_text('{"stage": 0}\n' * stages)
+        return bench.trained_already(out, run, 3)
+
+    assert trained("trainer.seed=3", "trainer.save_every=1", "eval.synthetic_problems=300")
+    assert not trained("trainer.seed=3", stages=1)  # cut off before its last stage
+    assert not trained("trainer.seed=0")  # another seed
+    assert not trained("trainer.seed=3", "trainer.lr=1e-5")  # another training
+    flags = bench.eval_flags(run)
+    assert flags[flags.index("eval.synthetic_problems=1000") - 1] == "--set"
+    assert "eval.merge_lora=false" in flags  # JSON, which YAML reads back as it was

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from satseq.actors.learner.specs import LossSpec
 from satseq.actors.trajectory import SamplingSpec, Trajectory
@@ -33,9 +32,6 @@ from satseq.cluster.stage_batch import StageBatch
 from satseq.config import RunConfig
 from satseq.data import MathProblem
 from satseq.seeds import round_seed
-
-if TYPE_CHECKING:
-    pass
 
 
 class GrpoRecipe(Recipe):
