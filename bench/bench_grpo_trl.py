@@ -1,9 +1,10 @@
 """GRPO: satseq's stage against TRL's `GRPOTrainer` step, side by side, on one model.
 
 `--model builtin:tiny-carry-0` (the default) is the project's own tiny model on the quickstart's
-task; `--model builtin:smollm2-135m` is SmolLM2-135M-Instruct at `configs/smollm2_grpo.yaml`'s
-shapes (4 prompts × G 8, up to 128 new tokens at T 0.7, lr 2e-5, gradient checkpointing,
-micro-batches of 4; satseq rolls out with vLLM). Both models are HF directories in the model
+task; `--model builtin:smollm2-135m` is SmolLM2-135M-Instruct on `configs/smollm2_grpo.yaml`'s
+prompt and sampling at the shapes that config had when this was first measured (SMOLLM2_SHAPES:
+one agent, 4 prompts × G 8 at difficulty 1, no dynamic sampling, synchronous stages; up to 128
+new tokens at T 0.7, lr 2e-5, gradient checkpointing; satseq rolls out with vLLM). Both models are HF directories in the model
 cache that TRL loads by their local path; nothing is downloaded. Both sides train on the same
 prompts in the same order: B of the config's `train` problems a step, drawn by satseq's data
 cursor and handed to TRL as an unshuffled dataset, each rendered by satseq's chat template (and
@@ -60,6 +61,20 @@ CONFIGS = {  # the model → the config its comparison runs (None: the quickstar
     "builtin:tiny-carry-0": None,
     "builtin:smollm2-135m": "configs/smollm2_grpo.yaml",
 }
+# SmolLM2's comparison at the shapes its results files were measured at (one agent, one core a
+# side), whatever configs/smollm2_grpo.yaml has become since (a two-agent team on harder problems)
+SMOLLM2_SHAPES = [
+    "team.agents=[{name: a0, path: 'builtin:smollm2-135m'}]",
+    "grpo.group_size=8",
+    "trainer.batch_size=4",
+    "data.synthetic.difficulty=1",
+    "rollout.dynamic_sampling.enabled=false",
+    "rollout.max_staleness=0",
+    "trainer.micro_batch_size=8",  # one group, packed
+    "trainer.logit_chunk_tokens=1024",
+    "trainer.mini_batch_size=null",  # one optimiser step over the batch, as TRL
+    "trainer.resources.num_cpus=1",
+]
 ROOT = Path(__file__).parent.parent
 RESULTS = Path(__file__).parent / "results"
 SIDES = ("satseq", "trl")
@@ -78,10 +93,12 @@ def run_config(args, output_dir: str) -> RunConfig:
         f"trainer.stages={args.steps}",
         f"trainer.save_every={args.steps}",  # HF directories after the last stage only
         "trainer.ppo_epochs=1",  # and no mini-batches: one optimiser step over the batch
-        "output.tensorboard=false",
+        "output.trackers=[]",
         f"output.dir={output_dir}",
     ]
-    if path is None:  # the quickstart: one tiny agent, its rollout actors sharing one core
+    if path is not None:
+        overrides += SMOLLM2_SHAPES
+    else:  # the quickstart: one tiny agent, its rollout actors sharing one core
         overrides += [
             f"team.agents=[{{name: policy, path: '{args.model}'}}]",
             f"trainer.micro_batch_size={args.prompts * args.group_size}",  # the whole batch

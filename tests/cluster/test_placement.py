@@ -15,7 +15,7 @@ from satseq.launch.agent_models import agent_model_dirs
 
 
 def test_a_lone_learner_takes_the_rollout_actors_cpus_on_its_node():
-    # configs/smollm2_grpo.yaml on 2 cores: the learner and one rollout actor, 1 CPU each
+    # one learner and one rollout actor on 2 cores, 1 CPU each (bench_grpo_trl's SmolLM2 run)
     assert learner_threads([1.0, 1.0], ["node"] * 2, n_learners=1) == [2]
     # two rollout actors at half a core each
     assert learner_threads([1.0, 0.5, 0.5], ["node"] * 3, n_learners=1) == [2]

@@ -1,9 +1,11 @@
 """Training survives actor and node loss ([2.5]): real SIGKILLs of a rollout actor and of a
-learner mid-stage, and a node removed from a 2-node cluster. Each test kills only processes of
+learner mid-stage, and a node removed from a 2-node cluster (then a resume from the run's
+storage alone). Each test kills only processes of
 the run it started (descendants of its driver, or a node of its own cluster), by pid."""
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -197,9 +199,17 @@ def raylet_pid(node) -> int:
     return node.all_processes["raylet"][0].process.pid
 
 
-def test_the_run_finishes_when_the_node_of_its_actors_is_removed(tmp_path, builtin_models):
+def test_a_node_removed_mid_run_and_its_files_lost_the_run_finishes_and_resumes_from_storage(
+    tmp_path, builtin_models
+):
+    """[2.5] and [4.4]: on a 2-node cluster the node of the team's actors is removed mid-run,
+    and the run finishes on a spare node; everything a resume needs went to `output.storage`,
+    so with the outputs dir's checkpoints and models deleted (what a lost node's disk took), a
+    resume on the cluster continues from the last stage."""
     from ray.cluster_utils import Cluster
 
+    run, storage = tmp_path / "run", tmp_path / "storage"
+    with_storage = ("--set", f"output.storage={storage}", "--address")
     # Loopback only: the driver would otherwise turn 127.0.0.1 into this machine's address
     env = run_env() | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     loopback = {"node_ip_address": "127.0.0.1"}
@@ -209,7 +219,7 @@ def test_the_run_finishes_when_the_node_of_its_actors_is_removed(tmp_path, built
     # of this run well under one once checkpoints no longer pass through the coordinator
     stages = 10 * STRAIGHT_STAGES
     driver = subprocess.Popen(
-        train_command(tmp_path, stages, "--address", cluster.address),
+        train_command(run, stages, *with_storage, cluster.address),
         env=env,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
@@ -217,7 +227,7 @@ def test_the_run_finishes_when_the_node_of_its_actors_is_removed(tmp_path, built
         text=True,
     )
     try:
-        wait_for_stages(tmp_path, 1, driver)
+        wait_for_stages(run, 1, driver)
         cluster.add_node(num_cpus=2, **loopback)  # where the team goes once `doomed` is gone
         # the coordinator (no resources) runs beside the driver, on the head node
         wait_for_process(driver, "ray::Coordinator", root=raylet_pid(cluster.head_node))
@@ -226,10 +236,17 @@ def test_the_run_finishes_when_the_node_of_its_actors_is_removed(tmp_path, built
         cluster.remove_node(doomed)
         started = time.monotonic()
         finish(driver)
-        metrics = read_metrics(tmp_path)
+        metrics = read_metrics(run)
         assert [m["stage"] for m in metrics] == list(range(stages))
         assert sum(sum(v for k, v in m.items() if k.startswith("faults/")) for m in metrics) >= 1
         print(f"\nnode loss: run ended {time.monotonic() - started:.0f} s after the removal")
+
+        for lost in [run / "checkpoints", *run.glob("agent_*")]:
+            shutil.rmtree(lost)
+        resume = train_command(run, stages + 1, *with_storage, cluster.address, "--resume")
+        subprocess.run(resume, env=env, check=True, capture_output=True, timeout=600)
+        assert [m["stage"] for m in read_metrics(run)] == list(range(stages + 1))
+        assert sorted(p.name for p in (run / "agent_a1").iterdir()) == [f"stage_{stages}"]
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)

@@ -58,6 +58,7 @@ TINY_RUN = [
     "sat_seq.group_size=2",
     "rollout.max_new_tokens=24",
     "rollout.engine=hf",
+    "rollout.dynamic_sampling.max_rounds=2",  # the config draws up to 6 rounds of prompts
     "trainer.val_every=0",
 ]
 
