@@ -4,17 +4,17 @@
 task; `--model builtin:smollm2-135m` is SmolLM2-135M-Instruct on `configs/smollm2_grpo.yaml`'s
 prompt and sampling at the shapes that config had when this was first measured (SMOLLM2_SHAPES:
 one agent, 4 prompts × G 8 at difficulty 1, no dynamic sampling, synchronous stages; up to 128
-new tokens at T 0.7, lr 2e-5, gradient checkpointing; satseq rolls out with vLLM). Both models are HF directories in the model
-cache that TRL loads by their local path; nothing is downloaded. Both sides train on the same
-prompts in the same order: B of the config's `train` problems a step, drawn by satseq's data
-cursor and handed to TRL as an unshuffled dataset, each rendered by satseq's chat template (and
-the config's system prompt). Same group size G, completion length, learning rate (constant),
-temperature, gradient checkpointing, one optimiser step per batch over the whole batch at once
-(TRL: per-device batch B·G, one iteration; satseq: one epoch, no mini-batches), token-mean
-PPO-clip with ε = 0.2 and no KL term, gradient-norm clip 1, float32 on the CPU, and the same
-reward (satseq's `RewardScorer`). TRL generates with transformers' `generate`. `--lora`: both
-sides train a rank-16 LoRA adapter (alpha 32, every linear layer but the output layer) instead
-of the full model (satseq's `trainer.lora`, TRL's `peft_config`).
+new tokens at T 0.7, lr 2e-5, gradient checkpointing; satseq rolls out with vLLM). Both models
+are HF directories in the model cache that TRL loads by their local path; nothing is downloaded.
+Both sides train on the same prompts in the same order: B of the config's `train` problems a
+step, drawn by satseq's data cursor and handed to TRL as an unshuffled dataset, each rendered by
+satseq's chat template (and the config's system prompt). Same group size G, completion length,
+learning rate (constant), temperature, gradient checkpointing, one optimiser step per batch over
+the whole batch at once (TRL: per-device batch B·G, one iteration; satseq: one epoch, no
+mini-batches), token-mean PPO-clip with ε = 0.2 and no KL term, gradient-norm clip 1, float32 on
+the CPU, and the same reward (satseq's `RewardScorer`). TRL generates with transformers'
+`generate`. `--lora`: both sides train a rank-16 LoRA adapter (alpha 32, every linear layer but
+the output layer) instead of the full model (satseq's `trainer.lora`, TRL's `peft_config`).
 
 Each side runs in its own process, `--repeats` times, alternating. satseq is `satseq train`'s
 coordinator on a local Ray instance sized to the machine (2 cores here); TRL's process runs at

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from bench_lora_team import SATSEQ, base_team, eval_summary, run, stage_tokens
 
+from satseq.algo.eval_metrics import wilson_interval
 from satseq.evaluation.compare import PooledVotes, paired_votes, read_team_votes
 from satseq.report import read_metrics
 
@@ -143,18 +144,37 @@ def train_and_score(
     }
 
 
-def pooled(records: list[dict]) -> PooledVotes:
+def pooled(records: list[dict], against: list[dict] | None = None) -> PooledVotes:
+    """Each record's team vote paired with its base team's, or with the record of the same seed
+    in `against` (another run's), problem by problem, pooled over the seeds."""
+    baseline = {r["seed"]: r["eval_dir"] for r in against or []}
     return PooledVotes(
         [
             paired_votes(
-                read_team_votes(r["base_eval_dir"]), read_team_votes(r["eval_dir"]), r["run"]
+                read_team_votes(baseline[r["seed"]] if against else r["base_eval_dir"]),
+                read_team_votes(r["eval_dir"]),
+                f"{r['run']} seed {r['seed']}",
             )
             for r in records
+            if not against or r["seed"] in baseline
         ]
     )
 
 
+def by_run(records: list[dict]) -> dict[str, list[dict]]:
+    labels = dict.fromkeys(r["run"] for r in records)
+    return {label: [r for r in records if r["run"] == label] for label in labels}
+
+
+def with_interval(successes: int, n: int) -> str:
+    low, high = wilson_interval(successes, n)
+    return f"{successes / n:.3f} [{low:.3f}, {high:.3f}]"
+
+
 def print_table(records: list[dict]) -> None:
+    """Per seed; then per run, pooled over its seeds (the accuracies' 95 % Wilson intervals
+    over every seed's problems, the change's paired one); then the first run against each
+    other, seed by seed on the same problems."""
     scored_on = ", ".join(sorted({r.get("dataset", "synthetic:test") for r in records}))
     change = f"vote on {scored_on}, base → after (gained, lost; p)"
     print(f"| run | seed | {change} | best agent | tokens |")
@@ -166,10 +186,25 @@ def print_table(records: list[dict]) -> None:
             f"({a['gained']}, {a['lost']}; p {a['p_value']:.2g}) | {r['best_agent']:.3f} "
             f"| {r['tokens_generated']} |"
         )
-    for label in dict.fromkeys(r["run"] for r in records):
-        mine = [r for r in records if r["run"] == label]
-        best = statistics.mean(r["best_agent"] for r in mine)
-        print(f"{label}: {pooled(mine).describe()}; best agent mean {best:.3f}")
+    print("\n| run | seeds | team vote [95 %] | change from base [95 %] (p) | best agent [95 %] "
+          "| tokens a seed |\n|---|---|---|---|---|---|")  # fmt: skip
+    for label, mine in by_run(records).items():
+        votes = [read_team_votes(r["eval_dir"]) for r in mine]
+        n, right = sum(len(v) for v in votes), sum(sum(v.values()) for v in votes)
+        best = sum(round(r["best_agent"] * len(v)) for r, v in zip(mine, votes, strict=True))
+        change = pooled(mine)
+        low, high = change.interval
+        tokens = statistics.mean(r["tokens_generated"] for r in mine)
+        print(
+            f"| {label} | {len(mine)} | {with_interval(right, n)} "
+            f"| {change.difference:+.3f} [{low:+.3f}, {high:+.3f}] (p {change.p_value:.2g}) "
+            f"| {with_interval(best, n)} | {tokens:.0f} |"
+        )
+    for label, mine in by_run(records).items():
+        print(f"{label}: {pooled(mine).describe()}")
+    first, *others = by_run(records).items()
+    for label, theirs in others:
+        print(f"{first[0]} against {label}: {pooled(first[1], theirs).describe()}")
 
 
 def plot_curves(records: list[dict], path: Path) -> None:
@@ -180,8 +215,8 @@ def plot_curves(records: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6, 4))
-    for label in dict.fromkeys(r["run"] for r in records):
-        curves = [r["reward_per_stage"] for r in records if r["run"] == label]
+    for label, mine in by_run(records).items():
+        curves = [r["reward_per_stage"] for r in mine]
         stages = min(len(c) for c in curves)
         mean = [statistics.mean(c[k] for c in curves) for k in range(stages)]
         axes.plot(range(stages), mean, marker="o", label=f"{label} ({len(curves)} seeds)")

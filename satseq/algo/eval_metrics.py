@@ -122,3 +122,15 @@ def paired_difference_interval(
     delta = (gained - lost) / n
     se = math.sqrt(max((gained + lost) / n - delta**2, 0.0) / n)
     return delta - z * se, delta + z * se
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson's score interval of an accuracy p̂ = successes/n (it stays inside [0, 1] and is
+    not empty at 0 or n successes): (p̂ + z²/2n ± z·sqrt(p̂(1 − p̂)/n + z²/4n²)) / (1 + z²/n)."""
+    if n <= 0 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, n > 0, got {successes}, {n}")
+    p, z2 = successes / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    # at 0 or n successes the bound is exactly 0 or 1, which rounding would miss
+    return (0.0 if successes == 0 else centre - half), (1.0 if successes == n else centre + half)

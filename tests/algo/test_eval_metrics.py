@@ -18,6 +18,7 @@ from satseq.algo.eval_metrics import (
     paired_difference_interval,
     pass_at_k,
     sign_test_p_value,
+    wilson_interval,
 )
 
 
@@ -152,3 +153,32 @@ def test_paired_difference_interval_covers_in_simulation():
         low, high = paired_difference_interval(int((row == 0).sum()), int((row == 1).sum()), 1000)
         covered += low <= 0.05 <= high
     assert 0.93 <= covered / 2000 <= 0.97
+
+
+@pytest.mark.parametrize(
+    ("successes", "n", "low", "high"),
+    [  # by hand: (p̂ + z²/2n ± z·sqrt(p̂(1 − p̂)/n + z²/4n²)) / (1 + z²/n), z = 1.96
+        (5, 10, 0.236593, 0.763407),
+        (0, 10, 0.0, 0.277533),  # no success: not the empty interval Wald gives
+        (10, 10, 0.722467, 1.0),
+        (61, 1000, 0.047780, 0.077580),  # centre 0.062681, half-width 0.014900
+    ],
+)
+def test_wilson_interval_by_hand(successes, n, low, high):
+    assert wilson_interval(successes, n) == pytest.approx((low, high), abs=1e-6)
+
+
+@given(st.integers(1, 3000).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+def test_wilson_interval_is_scipys(counts):
+    """An independent reference: scipy's binomial test's Wilson interval (no continuity
+    correction)."""
+    successes, n = counts
+    low, high = wilson_interval(successes, n)
+    reference = scipy.stats.binomtest(successes, n).proportion_ci(0.95, method="wilson")
+    assert (low, high) == pytest.approx((reference.low, reference.high), abs=1e-6)
+    assert 0.0 <= low <= successes / n <= high <= 1.0
+
+
+def test_wilson_interval_rejects_impossible_counts():
+    with pytest.raises(ValueError, match="successes <= n"):
+        wilson_interval(11, 10)
