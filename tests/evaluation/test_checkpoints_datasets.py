@@ -87,6 +87,11 @@ def test_a_local_jsonl_in_any_detected_format(tmp_path):
 def test_a_hub_name_offline_says_how_to_pass_a_local_file(alias, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    # `datasets` and the Hub client read those once, at import: after an earlier test of the
+    # worker imported them, only their constants make the Hub offline (else: 23 s of retries
+    # against the network this machine lacks)
+    monkeypatch.setattr("datasets.config.HF_HUB_OFFLINE", True)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     with pytest.raises(DataError) as error:
         resolve_dataset(alias, load_config())
     message = str(error.value)
