@@ -251,7 +251,7 @@ def main() -> None:
         action="store_true",
         help="score a seed's run that an earlier invocation trained to its last stage in "
         "--out/LABEL-seedN with the same settings (trainer.save_every and eval aside) instead "
-        "of training it again",
+        "of training it again, and keep a base team's evaluation already in --out/LABEL/eval_base",
     )
     args = parser.parse_args()
     if args.report:
@@ -264,10 +264,11 @@ def main() -> None:
     root = Path(args.out)
     records = []
     for run_ in args.runs:
-        base = base_team(run_.config, run_.overrides, root / run_.label)
         base_eval = root / run_.label / "eval_base"
-        eval_summary(base, base_eval, root / run_.label / "eval_base.log", *eval_flags(run_),
-                     dataset=args.dataset)  # fmt: skip
+        if not (args.reuse and (base_eval / "summary.json").is_file()):
+            base = base_team(run_.config, run_.overrides, root / run_.label)
+            eval_summary(base, base_eval, root / run_.label / "eval_base.log",
+                         *eval_flags(run_), dataset=args.dataset)  # fmt: skip
         for seed in args.seeds:
             records.append(
                 train_and_score(run_, seed, root, base_eval, args.dataset, reuse=args.reuse)
