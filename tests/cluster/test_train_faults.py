@@ -1,7 +1,7 @@
 """Training survives actor and node loss ([2.5]): real SIGKILLs of a rollout actor and of a
 learner mid-stage, and a node removed from a 2-node cluster (then a resume from the run's
-storage alone). Each test kills only processes of
-the run it started (descendants of its driver, or a node of its own cluster), by pid."""
+storage alone). Each test kills only processes of the run it started (descendants of its
+driver, or a node of its own cluster), by pid."""
 
 import contextlib
 import os
@@ -208,18 +208,18 @@ def test_a_node_removed_mid_run_and_its_files_lost_the_run_finishes_and_resumes_
     resume on the cluster continues from the last stage."""
     from ray.cluster_utils import Cluster
 
-    run, storage = tmp_path / "run", tmp_path / "storage"
-    with_storage = ("--set", f"output.storage={storage}", "--address")
+    run = tmp_path / "run"
     # Loopback only: the driver would otherwise turn 127.0.0.1 into this machine's address
     env = run_env() | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     loopback = {"node_ip_address": "127.0.0.1"}
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, **loopback})
     doomed = cluster.add_node(num_cpus=2, **loopback)  # the whole team's placement group fits
+    on_cluster = ("--set", f"output.storage={tmp_path / 'storage'}", "--address", cluster.address)
     # long enough that the removal lands mid-run: adding the spare node takes seconds, and a stage
     # of this run well under one once checkpoints no longer pass through the coordinator
     stages = 10 * STRAIGHT_STAGES
     driver = subprocess.Popen(
-        train_command(run, stages, *with_storage, cluster.address),
+        train_command(run, stages, *on_cluster),
         env=env,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
@@ -243,8 +243,9 @@ def test_a_node_removed_mid_run_and_its_files_lost_the_run_finishes_and_resumes_
 
         for lost in [run / "checkpoints", *run.glob("agent_*")]:
             shutil.rmtree(lost)
-        resume = train_command(run, stages + 1, *with_storage, cluster.address, "--resume")
-        subprocess.run(resume, env=env, check=True, capture_output=True, timeout=600)
+        resume = train_command(run, stages + 1, *on_cluster, "--resume")
+        resumed = subprocess.run(resume, env=env, capture_output=True, text=True, timeout=600)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert [m["stage"] for m in read_metrics(run)] == list(range(stages + 1))
         assert sorted(p.name for p in (run / "agent_a1").iterdir()) == [f"stage_{stages}"]
     finally:
