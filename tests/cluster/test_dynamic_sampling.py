@@ -62,7 +62,7 @@ def test_a_prompt_is_kept_by_the_groups_its_advantages_use():
 
 
 def test_max_rounds_bounds_the_draws_and_the_stage_trains_on_what_it_kept():
-    rewards = {p: (0, 0) for p in "abcdef"} | {"e": (0, 1)}
+    rewards = {p: (0, 0) for p in "abcdef"} | {"d": (0, 1)}
     order = iter("cdef")
     sampled = dynamically_sampled(
         ["a", "b"],
@@ -71,8 +71,26 @@ def test_max_rounds_bounds_the_draws_and_the_stage_trains_on_what_it_kept():
         2,
         max_rounds=2,
     )
-    assert sampled.problems == [] and sampled.metrics["groups/rounds"] == 2
-    assert sampled.metrics["groups/drawn"] == 4 and sampled.metrics["tokens/dropped"] == 8
+    assert sampled.problems == ["d"] and sampled.metrics["groups/rounds"] == 2
+    assert sampled.metrics["groups/drawn"] == 4 and sampled.metrics["tokens/dropped"] == 6
+
+
+def test_a_stage_that_kept_nothing_trains_the_last_rounds_prompts_as_drawn():
+    """No round has a gradient (the e2e SmolLM2 stage met it: 2 prompts, 2 rounds, all 0):
+    the stage still gets a batch, the last round's, every advantage 0."""
+    rewards = {p: (0, 0) for p in "abcdef"} | {"e": (0, 1)}  # e would come in round 3
+    order = iter("cdef")
+    sampled = dynamically_sampled(
+        ["a", "b"],
+        lambda problems, first, r: scored(problems, rewards),
+        lambda n: [next(order) for _ in range(n)],
+        2,
+        max_rounds=2,
+    )
+    assert sampled.problems == ["c", "d"] and len(sampled.trajectories) == 4
+    assert sampled.metrics == {
+        "groups/kept": 0, "groups/drawn": 4, "groups/rounds": 2, "tokens/dropped": 4
+    }  # fmt: skip
 
 
 @pytest.fixture(scope="module")

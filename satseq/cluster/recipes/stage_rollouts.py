@@ -80,6 +80,10 @@ def dynamically_sampled(
     (GRPO: one per agent); a prompt has a gradient when one of its groups has rewards that are
     not all equal.
 
+    When no prompt of any round has a gradient, the stage takes the last round's prompts as
+    drawn (every advantage 0, as a stage without dynamic sampling would train them; `groups/kept`
+    0), so it still has a batch.
+
     generate(problems, first_index, round) → their rollouts, prompt-major; first_index counts
     the prompts of earlier rounds (for the agents' rotation). draw(n) → the next n prompts."""
     target, G = len(first), group_size or per_prompt
@@ -101,6 +105,8 @@ def dynamically_sampled(
     n = min(len(kept), target)
     rows = rows[: n * per_prompt]
     metrics = {"groups/kept": n, "groups/drawn": drawn, "groups/rounds": rounds}
+    if not kept:
+        kept, rows, n = list(problems), trajectories, len(problems)
     # what the engines generated for groups the stage does not train on
     metrics["tokens/dropped"] = tokens - sum(model_tokens(t) for t in rows)
     return Sampled(kept[:n], rows, metrics)
