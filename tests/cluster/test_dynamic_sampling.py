@@ -61,16 +61,20 @@ def test_a_prompt_is_kept_by_the_groups_its_advantages_use():
     assert sampled.metrics["groups/drawn"] == 4
 
 
-def test_max_rounds_bounds_the_draws_and_the_stage_trains_on_what_it_kept():
-    rewards = {p: (0, 0) for p in "abcdef"} | {"d": (0, 1)}
+def two_rounds_at_most(rewards):
+    """a and b, then c and d: two rollouts a prompt, `max_rounds` 2."""
     order = iter("cdef")
-    sampled = dynamically_sampled(
+    return dynamically_sampled(
         ["a", "b"],
         lambda problems, first, r: scored(problems, rewards),
         lambda n: [next(order) for _ in range(n)],
         2,
         max_rounds=2,
     )
+
+
+def test_max_rounds_bounds_the_draws_and_the_stage_trains_on_what_it_kept():
+    sampled = two_rounds_at_most({p: (0, 0) for p in "abcdef"} | {"d": (0, 1)})
     assert sampled.problems == ["d"] and sampled.metrics["groups/rounds"] == 2
     assert sampled.metrics["groups/drawn"] == 4 and sampled.metrics["tokens/dropped"] == 6
 
@@ -78,15 +82,7 @@ def test_max_rounds_bounds_the_draws_and_the_stage_trains_on_what_it_kept():
 def test_a_stage_that_kept_nothing_trains_the_last_rounds_prompts_as_drawn():
     """No round has a gradient (the e2e SmolLM2 stage met it: 2 prompts, 2 rounds, all 0):
     the stage still gets a batch, the last round's, every advantage 0."""
-    rewards = {p: (0, 0) for p in "abcdef"} | {"e": (0, 1)}  # e would come in round 3
-    order = iter("cdef")
-    sampled = dynamically_sampled(
-        ["a", "b"],
-        lambda problems, first, r: scored(problems, rewards),
-        lambda n: [next(order) for _ in range(n)],
-        2,
-        max_rounds=2,
-    )
+    sampled = two_rounds_at_most({p: (0, 0) for p in "abcdef"} | {"e": (0, 1)})  # e: round 3
     assert sampled.problems == ["c", "d"] and len(sampled.trajectories) == 4
     assert sampled.metrics == {
         "groups/kept": 0, "groups/drawn": 4, "groups/rounds": 2, "tokens/dropped": 4
