@@ -221,7 +221,7 @@ def plot_curves(records: list[dict], path: Path) -> None:
         mean = [statistics.mean(c[k] for c in curves) for k in range(stages)]
         axes.plot(range(stages), mean, marker="o", label=f"{label} ({len(curves)} seeds)")
     axes.set_xlabel("stage")
-    axes.set_ylabel("training reward, groups trained on (mean over seeds)")
+    axes.set_ylabel("reward of the groups trained on (seed mean)")
     axes.legend()
     figure.tight_layout()
     figure.savefig(path)
