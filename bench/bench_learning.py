@@ -29,6 +29,7 @@ from pathlib import Path
 from bench_lora_team import SATSEQ, base_team, eval_summary, run, stage_tokens
 
 from satseq.algo.eval_metrics import wilson_interval
+from satseq.config import TRAIN_CONFIG, load_config
 from satseq.evaluation.compare import PooledVotes, paired_votes, read_team_votes
 from satseq.report import read_metrics
 
@@ -77,8 +78,6 @@ def settings(run_: Run, seed: int | None = None) -> list[str]:
 def eval_flags(run_: Run) -> list[str]:
     """`--set` flags that score every team of `run_` as its config says (`eval.*`), whatever the
     team's own train_config.yaml holds."""
-    from satseq.config import load_config
-
     section = load_config(run_.config, settings(run_)).eval.model_dump()
     return [
         part
@@ -90,8 +89,6 @@ def eval_flags(run_: Run) -> list[str]:
 def training_settings(config: Path, overrides: list[str]) -> dict:
     """The resolved config but for what does not change the trained weights: when checkpoints
     are written (`trainer.save_every`) and how a team is scored (`eval`)."""
-    from satseq.config import load_config
-
     resolved = load_config(config, overrides).model_dump()
     del resolved["trainer"]["save_every"], resolved["eval"]
     return resolved
@@ -100,8 +97,6 @@ def training_settings(config: Path, overrides: list[str]) -> dict:
 def trained_already(out: Path, run_: Run, seed: int) -> bool:
     """`out` holds `run_` trained on `seed` to its last stage by an earlier invocation: its
     train_config.yaml resolves to the same training settings and it logged every stage."""
-    from satseq.config import TRAIN_CONFIG
-
     if not (out / TRAIN_CONFIG).is_file() or not (out / "metrics.jsonl").is_file():
         return False
     wanted = training_settings(run_.config, settings(run_, seed))

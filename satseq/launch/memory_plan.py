@@ -301,12 +301,13 @@ def plan(run: RunConfig, gpu_gib: float, prompt_tokens: int) -> list[Phase]:
     phases, engines = [], {}
     for i, agent in enumerate(run.team.agents):
         update, chosen = agent_update(run, i, prompt_tokens), []
-        budget = update.token_budget(share)
-        if trainer.gradient_checkpointing == "auto" and share:  # the chosen stride's budget
+        budget = None  # the chosen stride's micro-batch budget, when the plan chooses one
+        if trainer.gradient_checkpointing == "auto" and share:
             every, budget = checkpoint_choices(update, share).choose(gpu_gib * GIB)
             update = dataclasses.replace(update, checkpoint_every=every)
             chosen.append(stride_name(every))
         if trainer.max_tokens_per_micro_batch == "auto" and share:
+            budget = budget if budget is not None else update.token_budget(share)
             tokens = budget.tokens(gpu_gib * GIB)
             workload = dataclasses.replace(update.workload, max_tokens=tokens)
             update = dataclasses.replace(update, workload=workload)
