@@ -6,7 +6,9 @@ seeds, the held-out team vote, the best single agent, the problems gained and lo
 exact p and the 95 % interval of the vote's change (`satseq.evaluation.compare.PooledVotes`),
 and the tokens the engines generated (runs are compared at equal generated tokens); writes each
 seed's record to `--results` (JSON lines) and the training curves (reward per stage, the mean
-over seeds) to a PNG beside it. Not a timed test: it prints numbers.
+over seeds) to a PNG beside it. A record holds all the report needs (the paired counts, the
+curve, and the team's vote on each problem), so `--report` reads no scratch directory: keep the
+records under bench/results/. Not a timed test: it prints numbers.
 
     python bench/bench_learning.py --run "sat_seq=configs/smollm2.yaml" \\
         --run "grpo=configs/smollm2_grpo.yaml" \\
@@ -20,6 +22,7 @@ separated by spaces outside brackets and quotes.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import statistics
@@ -30,7 +33,7 @@ from bench_lora_team import SATSEQ, base_team, eval_summary, run, stage_tokens
 
 from satseq.algo.eval_metrics import wilson_interval
 from satseq.config import TRAIN_CONFIG, load_config
-from satseq.evaluation.compare import PooledVotes, paired_votes, read_team_votes
+from satseq.evaluation.compare import PairedVotes, PooledVotes, paired_votes, read_team_votes
 from satseq.report import read_metrics
 
 
@@ -133,25 +136,50 @@ def train_and_score(
         "reward_per_stage": [stage.get("reward/mean") for stage in stages],
         "vote": summary["team_vote_accuracy"],
         "best_agent": max(agent["accuracy"] for agent in summary["per_agent"].values()),
-        "against": summary["against"],
-        "eval_dir": str(out / "eval_last"),
-        "base_eval_dir": str(base_eval),
+        "against": summary["against"],  # paired with the base team's evaluation
+        "team_votes": packed_votes(read_team_votes(out / "eval_last")),
     }
 
 
+def packed_votes(votes: dict[str, bool]) -> dict[str, str]:
+    """problem id → vote correct, as a record keeps it: a digest of the sorted ids, and a 0/1
+    character a problem in that order."""
+    ids = sorted(votes)
+    return {
+        "problems": hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16],
+        "correct": "".join("1" if votes[i] else "0" for i in ids),
+    }
+
+
+def paired_records(before: dict, after: dict) -> PairedVotes:
+    """`after`'s team vote paired problem by problem with `before`'s (records of the same
+    problems: their packed votes' digests agree)."""
+    label = f"{before['run']} seed {before['seed']}"
+    b, a = before["team_votes"], after["team_votes"]
+    if b["problems"] != a["problems"]:
+        raise ValueError(f"{label} and {after['run']} seed {after['seed']} were scored on "
+                         "other problems: pair records of the same dataset")  # fmt: skip
+    return paired_votes(unpacked_votes(b), unpacked_votes(a), label)
+
+
+def unpacked_votes(packed: dict[str, str]) -> dict[str, bool]:
+    """Packed votes as problem position (in sorted-id order) → vote correct."""
+    return {str(k): c == "1" for k, c in enumerate(packed["correct"])}
+
+
 def pooled(records: list[dict], against: list[dict] | None = None) -> PooledVotes:
-    """Each record's team vote paired with its base team's, or with the record of the same seed
-    in `against` (another run's), problem by problem, pooled over the seeds."""
-    baseline = {r["seed"]: r["eval_dir"] for r in against or []}
+    """Each record's team vote paired with its base team's (the counts it holds), or with the
+    record of the same seed in `against` (another run's) problem by problem, pooled over the
+    seeds; pairing with another run needs both records' votes (records recovered from a
+    results table hold only counts)."""
+    if against is None:
+        return PooledVotes([PairedVotes(**r["against"]) for r in records])
+    theirs = {r["seed"]: r for r in against if r.get("team_votes")}
     return PooledVotes(
         [
-            paired_votes(
-                read_team_votes(baseline[r["seed"]] if against else r["base_eval_dir"]),
-                read_team_votes(r["eval_dir"]),
-                f"{r['run']} seed {r['seed']}",
-            )
+            paired_records(theirs[r["seed"]], r)
             for r in records
-            if not against or r["seed"] in baseline
+            if r.get("team_votes") and r["seed"] in theirs
         ]
     )
 
@@ -184,9 +212,9 @@ def print_table(records: list[dict]) -> None:
     print("\n| run | seeds | team vote [95 %] | change from base [95 %] (p) | best agent [95 %] "
           "| tokens a seed |\n|---|---|---|---|---|---|")  # fmt: skip
     for label, mine in by_run(records).items():
-        votes = [read_team_votes(r["eval_dir"]) for r in mine]
-        n, right = sum(len(v) for v in votes), sum(sum(v.values()) for v in votes)
-        best = sum(round(r["best_agent"] * len(v)) for r, v in zip(mine, votes, strict=True))
+        sizes = [r["against"]["num_problems"] for r in mine]
+        n, right = sum(sizes), sum(round(r["vote"] * k) for r, k in zip(mine, sizes, strict=True))
+        best = sum(round(r["best_agent"] * k) for r, k in zip(mine, sizes, strict=True))
         change = pooled(mine)
         low, high = change.interval
         tokens = statistics.mean(r["tokens_generated"] for r in mine)
@@ -199,7 +227,8 @@ def print_table(records: list[dict]) -> None:
         print(f"{label}: {pooled(mine).describe()}")
     first, *others = by_run(records).items()
     for label, theirs in others:
-        print(f"{first[0]} against {label}: {pooled(first[1], theirs).describe()}")
+        if (against := pooled(first[1], theirs)).runs:
+            print(f"{first[0]} against {label}: {against.describe()}")
 
 
 def plot_curves(records: list[dict], path: Path) -> None:
@@ -211,7 +240,8 @@ def plot_curves(records: list[dict], path: Path) -> None:
 
     figure, axes = plt.subplots(figsize=(6, 4))
     for label, mine in by_run(records).items():
-        curves = [r["reward_per_stage"] for r in mine]
+        if not (curves := [r["reward_per_stage"] for r in mine if r["reward_per_stage"]]):
+            continue
         stages = min(len(c) for c in curves)
         mean = [statistics.mean(c[k] for c in curves) for k in range(stages)]
         axes.plot(range(stages), mean, marker="o", label=f"{label} ({len(curves)} seeds)")
@@ -239,7 +269,7 @@ def main() -> None:
         "--report",
         action="store_true",
         help="train nothing: the table, pooled lines and curves of every record in --results "
-        "(seeds trained by several invocations; their eval dirs must still exist)",
+        "(seeds trained by several invocations, maybe on other machines)",
     )
     parser.add_argument(
         "--reuse",

@@ -1,5 +1,5 @@
 """`bench/bench_learning.py`: a run is a label, a config and overrides; its seeds' evaluations
-are pooled from the files `satseq eval` writes."""
+are pooled from the records it writes, which hold all a report needs."""
 
 import json
 from pathlib import Path
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from satseq.algo.eval_metrics import paired_difference_interval, sign_test_p_value
-from tests.evaluation.test_compare import eval_dir
+from satseq.evaluation.compare import paired_votes
 
 ROOT = Path(__file__).parent.parent
 
@@ -34,47 +34,68 @@ def test_a_run_is_a_label_a_config_and_yaml_overrides(bench):
         bench.parse_run("configs/smollm2.yaml")
 
 
-def test_the_seeds_are_pooled_from_the_eval_files(bench, tmp_path):
-    base = eval_dir(tmp_path, "base", {str(i): i < 3 for i in range(10)})
-    records = []
-    for seed, right in enumerate([{0, 1, 2, 5, 6}, {0, 1, 7}]):  # (+2, 0) and (+1, −1)
-        after = eval_dir(tmp_path, f"after{seed}", {str(i): i in right for i in range(10)})
-        records.append(
-            {"run": "r", "seed": seed, "eval_dir": str(after), "base_eval_dir": str(base)}
-        )
-    pooled = bench.pooled(records)
+BASE = {f"p{i}": i < 3 for i in range(10)}  # the base team: right on 3 of 10
+
+
+def record(bench, label: str, seed: int, right: set[int]) -> dict:
+    """A seed's record as `train_and_score` writes it, for a team whose vote is right on the
+    problems numbered in `right`."""
+    after = {f"p{i}": i in right for i in range(10)}
+    return {
+        "run": label,
+        "seed": seed,
+        "vote": len(right) / 10,
+        "best_agent": 0.4,
+        "against": paired_votes(BASE, after, "base").as_record(),
+        "tokens_generated": 100,
+        "reward_per_stage": [0.1, 0.2],
+        "team_votes": bench.packed_votes(after),
+    }
+
+
+def test_the_seeds_are_pooled_from_the_counts_and_runs_paired_by_the_votes_each_record_keeps(
+    bench,
+):
+    records = [record(bench, "r", 0, {0, 1, 2, 5, 6}), record(bench, "r", 1, {0, 1, 7})]
+    pooled = bench.pooled(records)  # (+2, 0) and (+1, −1)
     assert (pooled.gained, pooled.lost, pooled.num_problems) == (3, 1, 20)
     assert pooled.p_value == sign_test_p_value(3, 1)
+    packed = records[0]["team_votes"]
+    assert packed["correct"] == "1110011000"  # p0 … p9, the sorted ids' order
+    assert bench.unpacked_votes(packed) == {str(i): i in {0, 1, 2, 5, 6} for i in range(10)}
+    other = record(bench, "q", 0, {0}) | {"team_votes": bench.packed_votes({"x0": True})}
+    with pytest.raises(ValueError, match="q seed 0 and r seed 0 were scored on other problems"):
+        bench.pooled(records, [other])
 
 
 def test_report_pools_the_records_that_several_invocations_wrote(
     bench, tmp_path, monkeypatch, capsys
 ):
-    """`--report`: seeds trained one invocation at a time, read back from --results and pooled
-    (and their curves drawn), without training anything; each run pooled with its intervals,
-    and the first run against the others seed by seed."""
-    base = eval_dir(tmp_path, "base", {str(i): i < 3 for i in range(10)})
+    """`--report`: seeds trained one invocation at a time (maybe on other machines), read back
+    from --results alone and pooled (and their curves drawn), without training anything; each
+    run pooled with its intervals, and the first run against the others seed by seed where both
+    records kept their votes (a record recovered from a results table keeps only counts)."""
+    recovered = record(bench, "K0", 2, {0, 1, 2}) | {"team_votes": None, "reward_per_stage": None}
+    records = [
+        record(bench, "K0", 0, {0, 1, 2, 5, 6}),  # (+2, 0)
+        record(bench, "K0", 1, {0, 1, 7}),  # (+1, −1)
+        recovered,  # (0, 0)
+        record(bench, "K1", 0, {0, 1, 2}),
+        record(bench, "K1", 1, {0, 1, 2, 7}),
+        record(bench, "K1", 2, {0, 1, 2, 3}),
+    ]
     results = tmp_path / "results.jsonl"
-    lines = []
-    runs = {"K0": [{0, 1, 2, 5, 6}, {0, 1, 7}], "K1": [{0, 1, 2}, {0, 1, 2, 7}]}
-    for label, seeds in runs.items():  # K0: (+2, 0) and (+1, −1); K1: (0, 0) and (+1, 0)
-        for seed, right in enumerate(seeds):
-            after = eval_dir(tmp_path, f"{label}{seed}", {str(i): i in right for i in range(10)})
-            against = {"accuracy_before": 0.3, "gained": 0, "lost": 0, "p_value": 1.0}
-            record = {"run": label, "seed": seed, "vote": len(right) / 10, "best_agent": 0.4}
-            record |= {"against": against, "tokens_generated": 100, "reward_per_stage": [0.1, 0.2]}
-            lines.append(json.dumps(record | {"eval_dir": str(after), "base_eval_dir": str(base)}))
-    results.write_text("\n".join(lines) + "\n")
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
     monkeypatch.setattr("sys.argv", ["bench_learning.py", "--report", "--results", str(results)])
     bench.main()
     out = capsys.readouterr().out
-    assert "K0: pooled over 2: +0.100" in out and "3 gained, 1 lost" in out
+    assert "K0: pooled over 3: +0.067" in out and "3 gained, 1 lost" in out
     assert "vote on synthetic:test, base → after" in out  # records before --dataset: held out
-    # K0: 8 of 20 right, Wilson [0.219, 0.613]; best agent 4 + 4 of 20; the change's interval
-    low, high = paired_difference_interval(3, 1, 20)
-    assert f"| K0 | 2 | 0.400 [0.219, 0.613] | +0.100 [{low:+.3f}, {high:+.3f}] (p 0.62) " in out
-    assert "| 0.400 [0.219, 0.613] | 100 |" in out
-    # K0 against K1 by seed: seed 0 {5, 6} gained; seed 1 {2} lost, nothing gained
+    # K0: 11 of 30 right, Wilson [0.219, 0.545]; best agent 12 of 30; the change's interval
+    low, high = paired_difference_interval(3, 1, 30)
+    assert f"| K0 | 3 | 0.367 [0.219, 0.545] | +0.067 [{low:+.3f}, {high:+.3f}] (p 0.62) " in out
+    assert "| 0.400 [0.246, 0.577] | 100 |" in out
+    # K0 against K1 by seed: seed 0 {5, 6} gained; seed 1 {2} lost; seed 2 not paired
     assert "K0 against K1: pooled over 2: +0.050" in out and "2 gained, 1 lost" in out
     assert results.with_suffix(".png").stat().st_size > 0
 
