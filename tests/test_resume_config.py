@@ -51,6 +51,20 @@ def test_a_directory_with_no_run_is_an_error_not_a_fresh_start(tmp_path, capsys)
     assert "holds no run" in capsys.readouterr().err
 
 
+def test_a_node_that_never_held_the_run_resumes_with_the_config_saved_in_storage(tmp_path, capsys):
+    """`--resume --output-dir EMPTY --set output.storage=URI` on a new machine: the run's saved
+    config comes from the storage the overrides name (its checkpoints too, at the coordinator)."""
+    storage = a_run(tmp_path / "storage", "trainer.seed=7")  # as the driver uploaded it
+    stored = [f"output.storage={storage}", "trainer.stages=40"]
+    config, out = continued_run(None, None, stored, tmp_path / "new", False, None)
+    assert (config.trainer.seed, config.trainer.stages) == (7, 40)
+    assert (out / TRAIN_CONFIG).read_text() == (storage / TRAIN_CONFIG).read_text()
+    with pytest.raises(typer.Exit):  # nothing there either
+        stored = [f"output.storage={tmp_path / 'empty'}"]
+        continued_run(None, None, stored, tmp_path / "other", False, None)
+    assert "holds no run" in capsys.readouterr().err
+
+
 def test_from_checkpoint_starts_a_new_run_from_that_stage(tmp_path, capsys):
     source = a_run(tmp_path / "source", "trainer.seed=3", stage=5)
     checkpoint = source / "checkpoints" / "stage_5"

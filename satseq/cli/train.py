@@ -97,7 +97,7 @@ def continued_run(
     else:
         run_dir = checkpoint_run(from_checkpoint)
     saved_path = run_dir / TRAIN_CONFIG
-    if not saved_path.is_file():
+    if not (saved_path.is_file() or fetch_saved_config(run_dir, config, set_, overrides)):
         raise fail(f"{run_dir} holds no run ({TRAIN_CONFIG} not found): nothing to resume")
     given = config is not None and not isinstance(config, PositionalOverride)
     if given:
@@ -121,6 +121,20 @@ def continued_run(
 def positional(config: Path | PositionalOverride | None) -> list[str]:
     """A KEY=VALUE given where CONFIG goes, as an override."""
     return [str(config)] if isinstance(config, PositionalOverride) else []
+
+
+def fetch_saved_config(
+    run_dir: Path,
+    config: Path | PositionalOverride | None,
+    set_: list[str] | None,
+    overrides: list[str] | None,
+) -> bool:
+    """`run_dir`'s saved config downloaded from the `output.storage` that CONFIG and the
+    overrides name (a resume on a node that never held the run); whether it was there."""
+    from satseq.cluster.checkpoint import run_storage
+
+    storage = run_storage(run_dir, resolve_config(config, set_, overrides).output.storage)
+    return storage is not None and storage.fetch(run_dir / TRAIN_CONFIG)
 
 
 def checkpoint_run(checkpoint: Path) -> Path:

@@ -85,7 +85,7 @@ class Coordinator:
         self.incarnations = incarnations(self._team_actors(), self.calls)
         """Every learner's and rollout actor's process when the stage began (`faults`)."""
         resumed_stage = self._restore() if resume else None
-        self.log = StageLog(self.output_dir, config, resumed_stage)
+        self.log = StageLog(self.output_dir, config, resumed_stage, self.storage)
         self.start_warnings = [w for w in [certification_warning(config)] if w]
         """What the driver warns of before the first stage (this actor's log does not reach
         the console)."""
@@ -192,7 +192,10 @@ class Coordinator:
             self.config.eval.samples_per_agent,
             eval_sampling_spec(self.config),
         )
-        write_predictions(self.output_dir / "validation_data" / f"{self.stage}.jsonl", evaluation)
+        predictions = self.output_dir / "validation_data" / f"{self.stage}.jsonl"
+        write_predictions(predictions, evaluation)
+        if self.storage is not None:
+            self.storage.upload(predictions)
         return evaluation.metrics(prefix="val/")
 
     # --- outputs and resume ---------------------------------------------------------------------

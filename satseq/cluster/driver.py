@@ -46,6 +46,16 @@ class StopAfterStage:
         signal.signal(signal.SIGINT, self._previous)
 
 
+def save_config(config: RunConfig, out: Path) -> None:
+    """The run's config as `--resume` reads it: out/train_config.yaml, and a copy at
+    `output.storage` (a resume on a node that never held the run reads it there)."""
+    (out / TRAIN_CONFIG).write_text(dump_config(config))
+    if config.output.storage is not None:
+        from satseq.storage import StorageMirror  # pyarrow, only when a URI is given
+
+        StorageMirror(out, config.output.storage).upload(out / TRAIN_CONFIG)
+
+
 def train(
     config: RunConfig,
     output_dir: str | None = None,
@@ -56,7 +66,7 @@ def train(
     started = time.perf_counter()
     out = output_dir_for(config, output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / TRAIN_CONFIG).write_text(dump_config(config))
+    save_config(config, out)
     if any(agent.trust_remote_code for agent in config.team.agents):
         from satseq.launch.agent_models import trust_team  # torch: only where it is needed
 

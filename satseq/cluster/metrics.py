@@ -17,6 +17,7 @@ from satseq.cluster.metric_keys import PHASE_PREFIX, agent_names, is_scalar
 from satseq.cluster.trackers import Trackers
 from satseq.config import RunConfig
 from satseq.files import write_text_atomically
+from satseq.storage import StorageMirror
 
 # Per-stage key families whose last segment becomes a tag: `time/rollout` is
 # satseq_phase_seconds{phase="rollout"}, so one dashboard query shows every phase.
@@ -32,13 +33,24 @@ class StageLog:
     `output.trackers` and, inside a Ray worker or driver, to Ray metrics (`RayMetricsExporter`).
 
     On resume, lines for stages after the resumed checkpoint are dropped first, so the files
-    hold each stage exactly once whatever happened to the previous process.
+    hold each stage exactly once whatever happened to the previous process. With `storage`
+    (`output.storage`) both files are uploaded after each stage's lines, before its checkpoint
+    is marked complete there, and a resume on a node without them downloads them first.
     """
 
-    def __init__(self, output_dir: Path, config: RunConfig, resume_after_stage: int | None = None):
+    def __init__(
+        self,
+        output_dir: Path,
+        config: RunConfig,
+        resume_after_stage: int | None = None,
+        storage: StorageMirror | None = None,
+    ):
         self.metrics_path = output_dir / "metrics.jsonl"
         self.certificates_path = output_dir / "certificates.jsonl"
+        self.storage = storage
         for path in (self.metrics_path, self.certificates_path):
+            if storage is not None and resume_after_stage is not None:
+                storage.fetch(path)
             truncate_after_stage(path, resume_after_stage)
         self.trackers = Trackers(config, output_dir, resume=resume_after_stage is not None)
         self.ray_metrics = RayMetricsExporter(run=output_dir.name) if ray.is_initialized() else None
@@ -46,6 +58,9 @@ class StageLog:
     def write(self, metrics: dict[str, Any], certificate: dict[str, Any]) -> None:
         append_json_line(self.metrics_path, metrics)
         append_json_line(self.certificates_path, certificate)
+        if self.storage is not None:
+            self.storage.upload(self.metrics_path)
+            self.storage.upload(self.certificates_path)
         stage = int(metrics["stage"])
         scalars = {key: value for key, value in metrics.items() if is_scalar(value)}
         self.trackers.log_stage(stage, scalars)

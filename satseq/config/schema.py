@@ -123,9 +123,10 @@ class OutputConfig(Section):
     storage: str | None = Field(
         None,
         description="a URI every node reaches (s3://bucket/prefix, gs://..., file://..., or a "
-        "path on shared storage) where the checkpoints and saved stages are also written, by "
-        "whichever node writes them, and where a resume reads them; null: the outputs dir "
-        "only, on the node of each writer (satseq.storage)",
+        "path on shared storage) where the checkpoints, saved stages, saved config, "
+        "metrics.jsonl, certificates.jsonl and validation predictions are also written, by "
+        "whichever node writes them, and where a resume reads them (on any node); null: the "
+        "outputs dir only, on the node of each writer (satseq.storage)",
     )
     trackers: list[TrackerName] = Field(
         default_factory=lambda: ["tensorboard"],
