@@ -232,7 +232,11 @@ def print_table(records: list[dict]) -> None:
 
 
 def plot_curves(records: list[dict], path: Path) -> None:
-    """Reward per stage, the mean over each run's seeds, one line a run."""
+    """Reward per stage, the mean over each run's seeds, one line a run (the seeds with a
+    curve); nothing drawn when no record has one."""
+    if not any(r["reward_per_stage"] for r in records):
+        print(f"no record has a curve: {path} not drawn")
+        return
     import matplotlib
 
     matplotlib.use("Agg")

@@ -98,6 +98,12 @@ def test_report_pools_the_records_that_several_invocations_wrote(
     # K0 against K1 by seed: seed 0 {5, 6} gained; seed 1 {2} lost; seed 2 not paired
     assert "K0 against K1: pooled over 2: +0.050" in out and "2 gained, 1 lost" in out
     assert results.with_suffix(".png").stat().st_size > 0
+    # records with no curve at all (recovered ones) draw no empty figure over a kept one
+    results.write_text(json.dumps(recovered) + "\n")
+    results.with_suffix(".png").unlink()
+    bench.main()
+    assert "K0: pooled over 1: +0.000" in capsys.readouterr().out
+    assert not results.with_suffix(".png").exists()
 
 
 def test_reuse_keeps_only_a_run_trained_with_the_same_settings_to_its_last_stage(bench, tmp_path):
