@@ -8,7 +8,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.metrics import Gauge
@@ -17,7 +17,9 @@ from satseq.cluster.metric_keys import PHASE_PREFIX, agent_names, is_scalar
 from satseq.cluster.trackers import Trackers
 from satseq.config import RunConfig
 from satseq.files import write_text_atomically
-from satseq.storage import StorageMirror
+
+if TYPE_CHECKING:
+    from satseq.storage import StorageMirror
 
 # Per-stage key families whose last segment becomes a tag: `time/rollout` is
 # satseq_phase_seconds{phase="rollout"}, so one dashboard query shows every phase.
