@@ -234,7 +234,12 @@ def print_table(records: list[dict]) -> None:
 def plot_curves(records: list[dict], path: Path) -> None:
     """Reward per stage, the mean over each run's seeds, one line a run (the seeds with a
     curve); nothing drawn when no record has one."""
-    if not any(r["reward_per_stage"] for r in records):
+    curves = {
+        label: found
+        for label, mine in by_run(records).items()
+        if (found := [r["reward_per_stage"] for r in mine if r["reward_per_stage"]])
+    }
+    if not curves:
         print(f"no record has a curve: {path} not drawn")
         return
     import matplotlib
@@ -243,12 +248,10 @@ def plot_curves(records: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6, 4))
-    for label, mine in by_run(records).items():
-        if not (curves := [r["reward_per_stage"] for r in mine if r["reward_per_stage"]]):
-            continue
-        stages = min(len(c) for c in curves)
-        mean = [statistics.mean(c[k] for c in curves) for k in range(stages)]
-        axes.plot(range(stages), mean, marker="o", label=f"{label} ({len(curves)} seeds)")
+    for label, found in curves.items():
+        stages = min(len(c) for c in found)
+        mean = [statistics.mean(c[k] for c in found) for k in range(stages)]
+        axes.plot(range(stages), mean, marker="o", label=f"{label} ({len(found)} seeds)")
     axes.set_xlabel("stage")
     axes.set_ylabel("reward of the groups trained on (seed mean)")
     axes.legend()

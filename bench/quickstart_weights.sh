@@ -12,11 +12,12 @@ scratch=$(mktemp -d "$repo/.quickstart_weights.XXXX")
 trap 'git -C "$repo" worktree remove --force "$scratch/tree" >/dev/null 2>&1; rm -rf "$scratch"' EXIT
 git -C "$repo" worktree add --detach -q "$scratch/tree" HEAD
 for commit in "$@"; do
-    git -C "$scratch/tree" checkout -q "$(git -C "$repo" rev-parse "$commit")"
+    sha=$(git -C "$repo" rev-parse --short "$commit")
+    git -C "$scratch/tree" checkout -q "$sha"
     out="$scratch/run-$commit"
     (cd "$scratch/tree" && PYTHONPATH="$scratch/tree" "$repo/.venv/bin/satseq" train \
         --output-dir "$out" --set trainer.stages=3 --set trainer.val_every=3 >"$out.log" 2>&1) ||
         { echo "$commit: training failed, see $out.log" >&2; trap - EXIT; exit 1; }
     digest=$(cd "$out" && find agent_* -name '*.safetensors' | sort | xargs sha256sum | sha256sum)
-    echo "$(git -C "$repo" rev-parse --short "$commit") ${digest:0:16}"
+    echo "$sha ${digest:0:16}"
 done
