@@ -335,7 +335,7 @@ def measure_fsdp2(path: str, args, plan: Plan, trajectories) -> dict:
         learner = new_learner("plain", path, args, plan)
         policy = learner.policy
         policy.group = OneRankGroup(rank=0, world=1)
-        shard_policy(policy.trunk, 1, policy.device, offload=False)
+        shard_policy(policy.trunk, 1, policy.device, False, policy.compute_dtype)
         spec = policy.spec.optimizer
         policy.optimizer = torch.optim.AdamW(
             policy.trunk.parameters(), lr=spec.lr, weight_decay=spec.weight_decay

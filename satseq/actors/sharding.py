@@ -96,21 +96,31 @@ def join_group(address: str, group: ShardGroup, device: torch.device) -> None:
 
 
 def shard_policy(
-    trunk: PolicyTrunk, world: int, device: torch.device, offload: bool
+    trunk: PolicyTrunk, world: int, device: torch.device, offload: bool, compute_dtype: torch.dtype
 ) -> PolicyTrunk:
     """FSDP2 over the trunk: each decoder layer a unit of its own, the root holding embeddings,
-    final norm and output layer (tied or not). Master shards stay float32; offload keeps
-    parameters, gradients and AdamW state on the host (CPU offload)."""
+    final norm and output layer (tied or not). Master shards stay float32 and gradients are
+    reduced in float32; offload keeps parameters, gradients and AdamW state on the host (CPU
+    offload).
+
+    A decoder layer is gathered in the compute dtype: each rank casts its own shard once a
+    gather and half the bytes cross the wire, where a float32 gather left autocast to cast the
+    whole layer again in every micro-batch. Its inputs are not cast, so the residual stream
+    stays float32 as an unsharded agent's does under autocast. The root is gathered in float32:
+    the output layer's float32 logits (`fp32_head`) need its float32 weights."""
     mesh = init_device_mesh(device.type, (world,))
-    options: dict[str, Any] = {
-        "mesh": mesh,
-        "mp_policy": MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32),
-    }
-    if offload:
-        options["offload_policy"] = CPUOffloadPolicy()
+    offloading = {"offload_policy": CPUOffloadPolicy()} if offload else {}
+
+    def options(gathered_dtype: torch.dtype | None) -> dict[str, Any]:
+        precision = MixedPrecisionPolicy(
+            param_dtype=gathered_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False
+        )
+        return {"mesh": mesh, "mp_policy": precision, **offloading}
+
+    layer_dtype = None if compute_dtype == torch.float32 else compute_dtype
     for layer in trunk.model.base_model.layers:
-        fully_shard(layer, **options)
-    fully_shard(trunk, **options)
+        fully_shard(layer, **options(layer_dtype))
+    fully_shard(trunk, **options(None))
     return trunk
 
 

@@ -71,7 +71,8 @@ class AgentPolicy:
         self.model.train()
         self.trunk = PolicyTrunk(self.model, spec.fp32_head)
         if self.group.sharded:
-            shard_policy(self.trunk, spec.workers, self.device, spec.offload == "idle_agents")
+            offload = spec.offload == "idle_agents"
+            shard_policy(self.trunk, spec.workers, self.device, offload, self.compute_dtype)
         self.optimizer = torch.optim.AdamW(
             self.trainable_parameters(),
             lr=spec.optimizer.lr,
