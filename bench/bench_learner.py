@@ -192,7 +192,8 @@ def main() -> None:
         print(
             f"one backtrack: restore {r['restore_s']:.3f} s + the retried step "
             f"{r['seconds']:.3f} s; the snapshot before every step {r['snapshot_s']:.3f} s "
-            f"({r['snapshot_gib']:.2f} GiB, off the accelerator)"
+            f"({r['snapshot_gib']:.2f} GiB, off the accelerator), "
+            f"{r['snapshot_exposed_s']:.3f} s until `save` returns"
         )
 
 

@@ -479,7 +479,8 @@ def extras_lines(sheet: Sheet, tokens: int) -> list[str]:
         lines.append(
             f"- One backtrack (exact): restore {exact['restore_s']:.3f} s + the retried step "
             f"{exact['seconds']:.3f} s; the snapshot before every step {exact['snapshot_s']:.3f} "
-            f"s ({exact['snapshot_gib']:.2f} GiB in host memory)."
+            f"s ({exact['snapshot_gib']:.2f} GiB in host memory), of which "
+            f"{exact['snapshot_exposed_s'] * 1000:.1f} ms before `save` returns (goal ≤ 5 ms)."
         )
     offload = sheet.offload or {}
     if "cycles" in offload:

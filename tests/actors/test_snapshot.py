@@ -31,6 +31,7 @@ def test_one_arena_holds_every_tensor_and_is_reused_while_the_layout_stands():
     step(model, optimizer)
     snapshot.save(model, optimizer)
     assert snapshot._arena is arena  # the same allocation, step after step
+    assert len(optimizer._optimizer_step_pre_hooks) == 1  # its step waits for the copies, once
     places = [*snapshot.model.values()] + [
         t for state in snapshot.optimizer["state"].values() for t in state.values()
     ]

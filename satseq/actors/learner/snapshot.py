@@ -4,6 +4,7 @@ trust-region attempt that overshoots can be undone (design §4, §11)."""
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any
 
 import torch
@@ -15,17 +16,20 @@ ALIGNMENT = 64
 
 class TrainingSnapshot:
     """Weights and optimiser state kept off the accelerator, in one CPU arena reused across
-    steps (pinned where the sources are on a GPU, so the copies run asynchronously on its
-    stream; one allocation, where a buffer per tensor made ~870 pinned allocations, 2.26 s on
+    steps (pinned where the sources are on a GPU, so that the copies run asynchronously; one
+    allocation, where a buffer per tensor made ~870 pinned allocations, 2.26 s on
     an H100 at 0.5B).
 
     `save` copies the trained parameters (a LoRA agent's adapter, not its frozen base) and each
     one's optimiser state into their places in the arena, laid out on first use and again only
     when the set of tensors changes (once the optimiser's state appears after its first step);
     `restore` copies them back in place. A sharded parameter (a DTensor, FSDP2) and its state
-    are saved and restored as this rank's shard. Stream order makes the asynchronous
-    device-to-host copies finish before the optimiser step that follows overwrites the source;
-    the host waits only in `restore`.
+    are saved and restored as this rank's shard.
+
+    On a GPU the device-to-host copies run on a stream of their own, so that they overlap the
+    forward and backward passes that follow (which only read the weights): the optimiser's next
+    step, the first write to what was copied, waits for them (a step pre-hook on the
+    optimiser), and the host waits only in `restore`.
     """
 
     def __init__(self) -> None:
@@ -33,6 +37,9 @@ class TrainingSnapshot:
         self._places: dict[str, torch.Tensor] = {}
         self.model: dict[str, torch.Tensor] = {}
         self.optimizer: dict[str, Any] = {}
+        self._copy_stream: torch.cuda.Stream | None = None
+        self._copied: torch.cuda.Event | None = None  # the copies' end on that stream
+        self._waiting: weakref.WeakSet = weakref.WeakSet()  # optimisers whose step waits for them
 
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainingSnapshot:
         parameters = dict(trained_parameters(model))
@@ -48,6 +55,9 @@ class TrainingSnapshot:
             if isinstance(value, torch.Tensor)
         }
         copies = self._copy_out({key: local_shard(t.detach()) for key, t in sources.items()})
+        if optimizer not in self._waiting:
+            optimizer.register_step_pre_hook(lambda *_: self.wait_for_copies())
+            self._waiting.add(optimizer)
         self.model = {name: copies[f"model/{name}"] for name in parameters}
         self.optimizer = {
             "state": {
@@ -99,8 +109,28 @@ class TrainingSnapshot:
             for key, t in sources.items()
         ):
             self._lay_out(sources)
-        pinned = self._arena is not None and self._arena.is_pinned()
-        return {key: self._places[key].copy_(t, non_blocking=pinned) for key, t in sources.items()}
+        if not (self._arena is not None and self._arena.is_pinned()):
+            return {key: self._places[key].copy_(t) for key, t in sources.items()}
+        device = next(t.device for t in sources.values() if t.is_cuda)
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device)
+        self._copy_stream.wait_stream(torch.cuda.current_stream(device))  # the sources as now
+        with torch.cuda.stream(self._copy_stream):
+            copies = {
+                key: self._places[key].copy_(t, non_blocking=True) for key, t in sources.items()
+            }
+        for t in sources.values():
+            if t.is_cuda:  # not reused by the allocator, if freed, before the copy has read it
+                t.record_stream(self._copy_stream)
+        self._copied = self._copy_stream.record_event()
+        return copies
+
+    def wait_for_copies(self) -> None:
+        """The current stream waits for the last `save`'s copies (before anything overwrites
+        what they read); a no-op off the GPU, where the copies were made as `save` ran."""
+        if self._copied is not None and self._copy_stream is not None:
+            torch.cuda.current_stream(self._copy_stream.device).wait_event(self._copied)
+            self._copied = None
 
     def _lay_out(self, sources: dict[str, torch.Tensor]) -> None:
         """One arena for `sources`, each in a place of its shape and dtype (the old arena is
