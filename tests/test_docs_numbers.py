@@ -61,15 +61,16 @@ def decimals(number: str) -> int:
 
 
 def held_numbers() -> set[str]:
-    """Every results number as it could be written: rounded to 1-4 decimals (0.95 also as
-    0.950, 0.9512 as 0.95), or in scientific notation (5.58e-06 as 5.6e-06)."""
+    """Every results number as it could be written: rounded to 1-6 decimals (0.95 also as
+    0.950, 0.9512 as 0.95, a p of 0.000953 as 0.00095), or in scientific notation (5.58e-06
+    as 5.6e-06)."""
     held = set()
     for path in RESULTS.iterdir():
         if path.suffix not in (".txt", ".json", ".jsonl", ".md"):
             continue
         for match in re.finditer(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?", path.read_text()):
             value = abs(float(match.group()))
-            held.update(f"{value:.{digits}f}" for digits in range(1, 5))
+            held.update(f"{value:.{digits}f}" for digits in range(1, 7))
             held.update(f"{value:.{digits}e}" for digits in range(0, 5))
     return held
 
@@ -108,3 +109,4 @@ def test_the_check_finds_what_it_should():
     assert {"0.98", "0.980", "191.0"} <= held
     assert "0.981" not in held
     assert "5.6e-06" in held  # smollm2_correction.txt: a mismatch of 5.58e-06
+    assert {"0.000953", "0.00095"} <= held  # learning_smollm2.txt: GRPO's pooled p
