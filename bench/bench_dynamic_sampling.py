@@ -24,8 +24,9 @@ import json
 import shutil
 from pathlib import Path
 
-from bench_lora_team import SATSEQ, run, stage_seconds, stage_tokens, team_vote
+from bench_lora_team import SATSEQ, run, stage_seconds, team_vote
 
+from satseq.cluster.metric_keys import stage_tokens
 from satseq.report import read_metrics
 
 

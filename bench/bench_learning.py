@@ -29,9 +29,10 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_lora_team import SATSEQ, base_team, eval_summary, run, stage_tokens
+from bench_lora_team import SATSEQ, base_team, eval_summary, run
 
 from satseq.algo.eval_metrics import wilson_interval
+from satseq.cluster.metric_keys import RUN_TOKENS, stage_tokens
 from satseq.config import TRAIN_CONFIG, load_config
 from satseq.evaluation.compare import PairedVotes, PooledVotes, paired_votes, read_team_votes
 from satseq.report import read_metrics
@@ -98,15 +99,18 @@ def training_settings(config: Path, overrides: list[str]) -> dict:
 
 
 def trained_already(out: Path, run_: Run, seed: int) -> bool:
-    """`out` holds `run_` trained on `seed` to its last stage by an earlier invocation: its
-    train_config.yaml resolves to the same training settings and it logged every stage."""
+    """`out` holds `run_` trained on `seed` to its end by an earlier invocation: its
+    train_config.yaml resolves to the same training settings and it logged every stage (or
+    those that spent its `trainer.max_generated_tokens`)."""
     if not (out / TRAIN_CONFIG).is_file() or not (out / "metrics.jsonl").is_file():
         return False
-    wanted = training_settings(run_.config, settings(run_, seed))
-    return (
-        training_settings(out / TRAIN_CONFIG, []) == wanted
-        and len(read_metrics(out / "metrics.jsonl")) == wanted["trainer"]["stages"]
-    )
+    if training_settings(out / TRAIN_CONFIG, []) != training_settings(
+        run_.config, settings(run_, seed)
+    ):
+        return False
+    stages = read_metrics(out / "metrics.jsonl")
+    tokens = stages[-1].get(RUN_TOKENS, 0) if stages else 0
+    return load_config(run_.config, settings(run_, seed)).trainer.run_ends(len(stages), tokens)
 
 
 def train_and_score(

@@ -132,12 +132,6 @@ def stage_seconds(stage: dict) -> float:
     return sum(value for key, value in stage.items() if key.startswith("time/"))
 
 
-def stage_tokens(stage: dict) -> int:
-    """The tokens a stage's engines generated for training: the groups it trained on
-    (`tokens/generated`) and those dynamic sampling dropped (`tokens/dropped`)."""
-    return stage.get("tokens/generated", 0) + stage.get("tokens/dropped", 0)
-
-
 def phase_seconds(metrics: Path) -> dict[str, float]:
     """Each phase's mean seconds per stage."""
     stages = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]

@@ -108,7 +108,8 @@ def test_report_pools_the_records_that_several_invocations_wrote(
 
 def test_reuse_keeps_only_a_run_trained_with_the_same_settings_to_its_last_stage(bench, tmp_path):
     """`--reuse`: a seed's run is scored again only where an earlier invocation trained the
-    same settings (when it saved and how it is scored aside) through every stage."""
+    same settings (when it saved and how it is scored aside) through every stage, or through
+    the stage that spent its token budget."""
     from satseq.config import TRAIN_CONFIG, dump_config, load_config
 
     run = bench.parse_run("r=configs/smollm2.yaml trainer.stages=2")
@@ -116,16 +117,21 @@ def test_reuse_keeps_only_a_run_trained_with_the_same_settings_to_its_last_stage
     out.mkdir()
     assert not bench.trained_already(out, run, 3)  # nothing there
 
-    def trained(*overrides: str, stages: int = 2) -> bool:
+    def trained(*overrides: str, stages: int = 2, tokens: int = 0) -> bool:
         config = load_config(Path("configs/smollm2.yaml"), ["trainer.stages=2", *overrides])
         (out / TRAIN_CONFIG).write_text(dump_config(config))
-        (out / "metrics.jsonl").write_text('{"stage": 0}\n' * stages)
+        line = json.dumps({"stage": 0, "tokens/run_total": tokens})
+        (out / "metrics.jsonl").write_text(f"{line}\n" * stages)
         return bench.trained_already(out, run, 3)
 
     assert trained("trainer.seed=3", "trainer.save_every=1", "eval.synthetic_problems=300")
     assert not trained("trainer.seed=3", stages=1)  # cut off before its last stage
     assert not trained("trainer.seed=0")  # another seed
     assert not trained("trainer.seed=3", "trainer.lr=1e-5")  # another training
+    run = bench.parse_run("r=configs/smollm2.yaml trainer.stages=2 trainer.max_generated_tokens=50")
+    budget = ("trainer.seed=3", "trainer.max_generated_tokens=50")
+    assert trained(*budget, stages=1, tokens=50)  # ended by its budget after stage 0
+    assert not trained(*budget, stages=1, tokens=49)  # stopped before it was spent
     flags = bench.eval_flags(run)
     assert flags[flags.index("eval.synthetic_problems=1000") - 1] == "--set"
     assert "eval.merge_lora=false" in flags  # JSON, which YAML reads back as it was

@@ -109,8 +109,8 @@ def continued_run(
     if unsafe and not force:
         raise fail(
             f"the config differs from {saved_path} where a continued run must keep it:\n"
-            f"{describe_differences(unsafe)}\n(trainer.stages, logging, validation, saving "
-            "and output may change; --force goes on anyway)"
+            f"{describe_differences(unsafe)}\n(trainer.stages, trainer.max_generated_tokens, "
+            "logging, validation, saving and output may change; --force goes on anyway)"
         )
     if from_checkpoint is not None:
         output_dir = output_dir or output_dir_for(wanted, None)

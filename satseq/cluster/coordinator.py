@@ -34,6 +34,7 @@ from satseq.cluster.faults import (
     fault_kind,
     wait_until_alive,
 )
+from satseq.cluster.metric_keys import RUN_TOKENS, stage_tokens
 from satseq.cluster.metrics import StageLog
 from satseq.cluster.recipes import RECIPES
 from satseq.cluster.recipes.certificate import certification_warning
@@ -79,6 +80,8 @@ class Coordinator:
         ]
         self.problems = training_problems(config)
         self.stage = 0
+        self.tokens_generated = 0
+        """Generated for training by the stages done (`trainer.max_generated_tokens`)."""
         self.recipe = self.recipe_class(config, self.runtime, self.problems)
         self.first_rng = _rng_state()  # stage 0's, for a retry of stage 0
         self.faults = FaultLog(config.trainer.max_stage_retries)
@@ -106,16 +109,19 @@ class Coordinator:
                 result = self.recipe.run_stage(self.stage)
                 metrics = {"stage": self.stage, **swaps, **result.metrics}
                 metrics["time/weight_sync"] = self.runtime.weight_sync.take_seconds()
-                if self._validation_due():
+                metrics[RUN_TOKENS] = self.tokens_generated + stage_tokens(metrics)
+                last = self._last_stage(metrics[RUN_TOKENS])
+                if self._validation_due(last):
                     self.runtime.set_progress("validation")
                     metrics |= self.validate()
                 metrics |= self.faults.stage_metrics()
-                self._write_outputs(metrics, result.certificate)
+                self._write_outputs(metrics, result.certificate, last)
                 break
             except ACTOR_LOSS as error:
                 lost = error
         self.faults.next_stage()
         self.stage += 1
+        self.tokens_generated = metrics[RUN_TOKENS]
         return metrics
 
     def _recover(self, error: BaseException) -> None:
@@ -170,13 +176,18 @@ class Coordinator:
         self.recipe = self.recipe_class(self.config, self.runtime, self.problems)
         _set_rng_state(self.first_rng)
 
-    def _validation_due(self) -> bool:
-        every, last = self.config.trainer.val_every, self.config.trainer.stages - 1
-        return (
-            bool(self.val_problems)
-            and every > 0
-            and ((self.stage + 1) % every == 0 or self.stage == last)
-        )
+    def _last_stage(self, tokens_generated: int) -> bool:
+        """Whether the stage now running ends the run, with the run's generated tokens (this
+        stage's included) at `tokens_generated`."""
+        return self.config.trainer.run_ends(self.stage + 1, tokens_generated)
+
+    def finished(self) -> bool:
+        """No stage is left to run (the driver's loop ends)."""
+        return self.config.trainer.run_ends(self.stage, self.tokens_generated)
+
+    def _validation_due(self, last: bool) -> bool:
+        every = self.config.trainer.val_every
+        return bool(self.val_problems) and every > 0 and ((self.stage + 1) % every == 0 or last)
 
     def validate(self) -> dict[str, float]:
         """The `satseq eval` routine on the validation set with the team's current weights;
@@ -200,14 +211,15 @@ class Coordinator:
 
     # --- outputs and resume ---------------------------------------------------------------------
 
-    def _write_outputs(self, metrics: dict[str, Any], certificate: dict[str, Any]) -> None:
+    def _write_outputs(
+        self, metrics: dict[str, Any], certificate: dict[str, Any], last: bool
+    ) -> None:
         """The stage's HF directories (every `save_every` stages and the last), then its line of
         metrics.jsonl and the resume checkpoint. Everything that asks the actors comes first, so
         an actor lost here, or restarted by Ray at any time since the stage began (its calls
         then ran on its constructor's state), leaves no line behind and the stage is retried
         whole."""
         stage = metrics["stage"]
-        last = stage + 1 == self.config.trainer.stages
         checkpoints = self.output_dir / "checkpoints"
         start, learners = self.calls.start, self.runtime.team.learners
         writes = [  # each learner writes its resume file and, when due, its HF dir: one round
@@ -237,6 +249,7 @@ class Coordinator:
         self.incarnations = now  # a swap's new learner from here on
         state = {
             "stage": stage + 1,  # where a resumed run starts
+            "tokens_generated": metrics[RUN_TOKENS],
             "recipe": self.recipe.state_dict(),
             "rng": _rng_state(),
             "agent_paths": list(self.runtime.team.agent_paths),  # swaps change them
@@ -274,6 +287,7 @@ class Coordinator:
         )
         self.runtime.weight_sync.push_all()
         self.stage = state["stage"]
+        self.tokens_generated = state.get("tokens_generated", 0)  # 0: saved before the budget
         self.recipe.load_state_dict(state["recipe"])
         _set_rng_state(state["rng"])
         return completed_stage

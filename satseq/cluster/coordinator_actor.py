@@ -31,6 +31,9 @@ class CoordinatorActor:
     def next_stage(self) -> int:
         return self.coordinator.next_stage()
 
+    def finished(self) -> bool:
+        return self.coordinator.finished()
+
     def start_warnings(self) -> list[str]:
         return self.coordinator.start_warnings
 

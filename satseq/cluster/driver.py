@@ -101,7 +101,7 @@ def train(
             console=console,
         ) as progress:
             task = progress.add_task("starting", total=config.trainer.stages, completed=first_stage)
-            for _ in range(first_stage, config.trainer.stages):
+            while not ray.get(coordinator.finished.remote()):
                 pending = coordinator.run_stage.remote()
                 while not ray.wait([pending], timeout=0.5)[0]:
                     progress.update(

@@ -16,6 +16,7 @@ from satseq.config.schema import RunConfig
 
 SAFE_TO_CHANGE = (
     "trainer.stages",
+    "trainer.max_generated_tokens",
     "trainer.val_every",
     "trainer.save_every",
     "trainer.max_stage_retries",

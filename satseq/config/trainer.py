@@ -15,6 +15,13 @@ class TrainerConfig(Section):
     """The learners and the stage loop: optimizer, batches, precision, memory, checkpoints."""
 
     stages: int = Field(10, ge=1, description="stages to run (each: rollouts, then the updates)")
+    max_generated_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="end the run after the stage in which the tokens generated for training "
+        "(dynamic sampling's dropped groups included) reach N, to compare runs at equal tokens; "
+        "trainer.stages still bounds it. None: no budget",
+    )
     batch_size: int = Field(8, ge=1, description="prompts per stage (B)")
     micro_batch_size: int = Field(
         8, ge=1, description="trajectories per forward/backward pass (gradient accumulation)"
@@ -51,6 +58,13 @@ class TrainerConfig(Section):
         "recomputed layers at which a micro-batch of micro_batch_size longest trajectories fits "
         "by the memory plan (`satseq plan`), every layer on the CPU",
     )
+
+    def run_ends(self, stages_done: int, tokens_generated: int) -> bool:
+        """Whether a run ends with `stages_done` stages done and `tokens_generated` generated
+        for training: the stages are done, or the tokens reached `max_generated_tokens`."""
+        budget = self.max_generated_tokens
+        spent = budget is not None and tokens_generated >= budget
+        return spent or stages_done >= self.stages
 
     @property
     def checkpoint_every(self) -> int | None:

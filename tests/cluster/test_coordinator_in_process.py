@@ -13,8 +13,10 @@ from safetensors.torch import load_file
 
 from satseq.cluster.checkpoint import run_storage
 from satseq.cluster.coordinator import Coordinator
+from satseq.cluster.metric_keys import RUN_TOKENS, stage_tokens
 from satseq.cluster.team import start_in_process
 from satseq.config import QUICKSTART, load_config
+from satseq.config.trainer import TrainerConfig
 from tests.cluster.runs import read_metrics, spo_run_args, without_timings
 
 STAGES = 3
@@ -51,7 +53,7 @@ def train(config, output_dir, until_stage, resume=False):
     random.seed(0), np.random.seed(0), torch.manual_seed(0)
     coordinator = Coordinator(config, str(output_dir), resume, start_team=start_in_process)
     started_at = coordinator.stage
-    while coordinator.stage < until_stage:
+    while coordinator.stage < until_stage and not coordinator.finished():
         coordinator.run_stage()
     coordinator.close()
     return started_at
@@ -70,6 +72,11 @@ def assert_same_run(resumed, straight):
     assert [without_timings(m) for m in read_metrics(resumed)] == [
         without_timings(m) for m in read_metrics(straight)
     ]
+    assert_same_weights(resumed, straight)
+
+
+def assert_same_weights(resumed, straight):
+    """The same last weights, bit for bit."""
     for agent in ("a0", "a1"):
         last = f"agent_{agent}/stage_{STAGES - 1}/model.safetensors"
         expected, found = load_file(straight / last), load_file(resumed / last)
@@ -86,6 +93,38 @@ def test_a_run_stopped_after_a_stage_resumes_to_the_uninterrupted_runs_metrics_a
     assert_same_run(resumed, straight)
     for run in (straight, resumed):  # keep_last 1: only the last stage's directories stay
         assert sorted(p.name for p in (run / "agent_a0").iterdir()) == [f"stage_{STAGES - 1}"]
+
+
+def test_a_token_budget_ends_the_run_after_the_stage_that_spends_it(config, straight, tmp_path):
+    """`trainer.max_generated_tokens` ends the run after the stage in which the generated tokens
+    reach it: that stage is validated and saved as the last, a resume finds nothing left to
+    train, and with the budget lifted the run trains on as the uninterrupted run did, bit for
+    bit (the extra validation draws nothing from the training's random state)."""
+    reference = [without_timings(m) for m in read_metrics(straight)]
+    assert reference[1][RUN_TOKENS] == stage_tokens(reference[0]) + stage_tokens(reference[1])
+    budget = reference[0][RUN_TOKENS] + 1  # spent during stage 1
+    trainer = config.trainer.model_copy(update={"max_generated_tokens": budget})
+    limited = config.model_copy(update={"trainer": trainer})
+    run = tmp_path / "budget"
+    assert train(limited, run, STAGES) == 0
+    assert sorted(p.name for p in (run / "agent_a0").iterdir()) == ["stage_1"]  # the last one
+    assert train(limited, run, STAGES, resume=True) == 2  # finished: no stage runs
+    assert len(read_metrics(run)) == 2
+    assert train(config, run, STAGES, resume=True) == 2  # the budget lifted
+    metrics = [without_timings(m) for m in read_metrics(run)]
+    validated = {key for key in metrics[1] if key.startswith("val/")}
+    assert validated and not validated & set(reference[1])  # the straight run's stage 1: not
+    metrics[1] = {key: value for key, value in metrics[1].items() if key not in validated}
+    assert metrics == reference
+    assert_same_weights(run, straight)
+
+
+def test_a_run_ends_at_its_stages_or_when_its_tokens_reach_the_budget():
+    trainer = TrainerConfig(stages=STAGES)
+    assert not trainer.run_ends(2, 10**9) and trainer.run_ends(STAGES, 0)  # no budget
+    budgeted = trainer.model_copy(update={"max_generated_tokens": 100})
+    assert not budgeted.run_ends(1, 99) and budgeted.run_ends(1, 100)
+    assert budgeted.run_ends(STAGES, 0)
 
 
 @pytest.mark.parametrize("recipe", ["gae", "spo"])
