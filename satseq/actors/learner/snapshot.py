@@ -17,8 +17,8 @@ ALIGNMENT = 64
 class TrainingSnapshot:
     """Weights and optimiser state kept off the accelerator, in one CPU arena reused across
     steps (pinned where the sources are on a GPU, so that the copies run asynchronously; one
-    allocation, where a buffer per tensor made ~870 pinned allocations, 2.26 s on
-    an H100 at 0.5B).
+    allocation, where a buffer per tensor made ~870 pinned allocations, 2.26 s on an H100 at
+    0.5B).
 
     `save` copies the trained parameters (a LoRA agent's adapter, not its frozen base) and each
     one's optimiser state into their places in the arena, laid out on first use and again only
