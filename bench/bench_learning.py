@@ -33,7 +33,7 @@ from bench_lora_team import SATSEQ, base_team, eval_summary, run
 
 from satseq.algo.eval_metrics import wilson_interval
 from satseq.cluster.metric_keys import RUN_TOKENS, stage_tokens
-from satseq.config import TRAIN_CONFIG, load_config
+from satseq.config import TRAIN_CONFIG, RunConfig, load_config
 from satseq.evaluation.compare import PairedVotes, PooledVotes, paired_votes, read_team_votes
 from satseq.report import read_metrics
 
@@ -90,10 +90,10 @@ def eval_flags(run_: Run) -> list[str]:
     ]
 
 
-def training_settings(config: Path, overrides: list[str]) -> dict:
+def training_settings(config: RunConfig) -> dict:
     """The resolved config but for what does not change the trained weights: when checkpoints
     are written (`trainer.save_every`) and how a team is scored (`eval`)."""
-    resolved = load_config(config, overrides).model_dump()
+    resolved = config.model_dump()
     del resolved["trainer"]["save_every"], resolved["eval"]
     return resolved
 
@@ -104,13 +104,12 @@ def trained_already(out: Path, run_: Run, seed: int) -> bool:
     those that spent its `trainer.max_generated_tokens`)."""
     if not (out / TRAIN_CONFIG).is_file() or not (out / "metrics.jsonl").is_file():
         return False
-    if training_settings(out / TRAIN_CONFIG, []) != training_settings(
-        run_.config, settings(run_, seed)
-    ):
+    wanted = load_config(run_.config, settings(run_, seed))
+    if training_settings(load_config(out / TRAIN_CONFIG)) != training_settings(wanted):
         return False
     stages = read_metrics(out / "metrics.jsonl")
     tokens = stages[-1].get(RUN_TOKENS, 0) if stages else 0
-    return load_config(run_.config, settings(run_, seed)).trainer.run_ends(len(stages), tokens)
+    return wanted.trainer.run_ends(len(stages), tokens)
 
 
 def train_and_score(

@@ -110,7 +110,7 @@ class Coordinator:
                 metrics = {"stage": self.stage, **swaps, **result.metrics}
                 metrics["time/weight_sync"] = self.runtime.weight_sync.take_seconds()
                 metrics[RUN_TOKENS] = self.tokens_generated + stage_tokens(metrics)
-                last = self._last_stage(metrics[RUN_TOKENS])
+                last = self.config.trainer.run_ends(self.stage + 1, metrics[RUN_TOKENS])
                 if self._validation_due(last):
                     self.runtime.set_progress("validation")
                     metrics |= self.validate()
@@ -175,11 +175,6 @@ class Coordinator:
         self.runtime.weight_sync.push_all()
         self.recipe = self.recipe_class(self.config, self.runtime, self.problems)
         _set_rng_state(self.first_rng)
-
-    def _last_stage(self, tokens_generated: int) -> bool:
-        """Whether the stage now running ends the run, with the run's generated tokens (this
-        stage's included) at `tokens_generated`."""
-        return self.config.trainer.run_ends(self.stage + 1, tokens_generated)
 
     def finished(self) -> bool:
         """No stage is left to run (the driver's loop ends)."""
