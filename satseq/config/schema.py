@@ -79,7 +79,11 @@ class ServeConfig(Section):
     stage: int | None = Field(None, ge=0, description="None: each agent's latest stage")
     host: str = Field("127.0.0.1", description="the HTTP address to listen on")
     port: int = Field(8000, ge=1, le=65535, description="the HTTP port (`--port` overrides)")
-    engine: Literal["hf", "vllm"] = Field("hf", description="each agent deployment's engine")
+    engine: Literal["auto", "hf", "vllm"] = Field(
+        "auto",
+        description="each agent deployment's engine; auto: vllm where the replica has a GPU "
+        "and vLLM is installed, else hf",
+    )
     engine_threads: int = Field(1, ge=1, description="torch threads per agent replica (CPU)")
     samples_per_agent: int = Field(1, ge=1, description="default of a request's samples_per_agent")
     max_samples_per_agent: int = Field(

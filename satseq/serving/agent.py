@@ -16,12 +16,14 @@ nothing started beside it.
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
+import torch
 from ray import serve
 
 from satseq.actors.engines import Engine, EngineKind, make_engine
@@ -36,6 +38,9 @@ from satseq.serving.batching import EngineBatcher
 
 AgentRequest = tuple[list[int], int, SamplingSpec]
 """(prompt token ids, number of samples, how to sample)."""
+
+ServeEngine = Literal["auto", "hf", "vllm"]
+"""`serve.engine`: an engine kind, or auto (`replica_engine`)."""
 
 # Requests answered together: bounded so that one batch's latency stays bounded.
 MAX_BATCH_SIZE = 32
@@ -161,6 +166,15 @@ class AgentModel:
             self.sandbox.close()
 
 
+def replica_engine(kind: ServeEngine) -> EngineKind:
+    """The engine a replica serves with: `serve.engine`, where `auto` is vLLM when the replica
+    sees a GPU (its `ray_actor_options` asked for one) and vLLM is installed, else hf."""
+    if kind != "auto":
+        return kind
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    return "vllm" if torch.cuda.is_available() and has_vllm else "hf"
+
+
 @serve.deployment(
     max_ongoing_requests=64,
     health_check_period_s=HEALTH_CHECK_PERIOD_S,
@@ -176,7 +190,7 @@ class AgentDeployment:
         self,
         model_path: str | dict[str, str],
         scorer: RewardScorer,
-        engine: EngineKind,
+        engine: ServeEngine,
         engine_options: dict[str, Any],
         seed: int | dict[str, int],
         tools: ToolConfig | None = None,
@@ -185,6 +199,7 @@ class AgentDeployment:
         use_tools = tools is not None and tools.enabled
         # owned by this replica's process, so Ray ends it with the replica
         self.sandbox = start_sandbox_pool(sandbox or SandboxConfig()) if use_tools else None
+        engine = replica_engine(engine)
         common = (scorer, engine, engine_options)
         if isinstance(model_path, str):  # one agent, whatever the ingress calls it
             self.models = {None: AgentModel(model_path, *common, seed, tools, self.sandbox)}
