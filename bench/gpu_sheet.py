@@ -482,6 +482,12 @@ def extras_lines(sheet: Sheet, tokens: int) -> list[str]:
             f"s ({exact['snapshot_gib']:.2f} GiB in host memory), of which "
             f"{exact['snapshot_exposed_s'] * 1000:.1f} ms before `save` returns (goal ≤ 5 ms)."
         )
+    if exact.get("device_snapshot_s") is not None:
+        lines.append(
+            f"- The same snapshot on the device (where memory allows): "
+            f"{exact['device_snapshot_s']:.3f} s, {exact['device_snapshot_exposed_s'] * 1000:.1f}"
+            f" ms before `save` returns; restore {exact['device_restore_s']:.3f} s."
+        )
     offload = sheet.offload or {}
     if "cycles" in offload:
         for round_, what in ((1, "first round, pinned buffers allocated"), (2, "steady")):

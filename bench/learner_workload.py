@@ -270,19 +270,36 @@ def time_mode(
     }
 
 
+SNAPSHOT_COSTS = ("snapshot_s", "snapshot_exposed_s", "restore_s")
+
+
 def backtrack_costs(policy, device: str) -> dict:
     """A backtrack's parts besides the retried step: the snapshot taken before every step
     (buffers allocated by an earlier one) and its restore, in seconds, and its size. The
     snapshot's `snapshot_s` waits for its copies; `snapshot_exposed_s` only until `save`
-    returns (on a GPU its copies then run on their own stream, beside the step's passes)."""
-    seconds = timed(policy.save_snapshot, 1, device)  # its warm-up lays the arena out
-    synchronize(device)
-    started = time.perf_counter()
-    policy.save_snapshot()
-    exposed = time.perf_counter() - started
-    return {
-        "snapshot_s": seconds,
-        "snapshot_exposed_s": exposed,
-        "restore_s": timed(lambda: policy.restore(policy.snapshot), 1, device),
-        "snapshot_gib": policy.snapshot.nbytes / 2**30,
-    }
+    returns (on a GPU its copies then run on their own stream, beside the step's passes). In
+    host memory, and (`device_…`) in an arena on the accelerator, where the learner keeps it
+    when memory allows (`specs.snapshot_on_device`; None: it did not fit; on the CPU both are
+    host memory)."""
+    from satseq.actors.learner.snapshot import TrainingSnapshot
+
+    costs = {}
+    for prefix, on_device in (("", False), ("device_", True)):
+        policy.snapshot = TrainingSnapshot(on_device=on_device)
+        try:
+            seconds = timed(policy.save_snapshot, 1, device)  # its warm-up lays the arena out
+        except torch.OutOfMemoryError:
+            costs |= dict.fromkeys([f"{prefix}{k}" for k in SNAPSHOT_COSTS])
+            continue
+        synchronize(device)
+        started = time.perf_counter()
+        policy.save_snapshot()
+        exposed = time.perf_counter() - started
+        costs |= {
+            f"{prefix}snapshot_s": seconds,
+            f"{prefix}snapshot_exposed_s": exposed,
+            f"{prefix}restore_s": timed(lambda: policy.restore(policy.snapshot), 1, device),
+        }
+        costs.setdefault("snapshot_gib", policy.snapshot.nbytes / 2**30)
+    policy.snapshot = TrainingSnapshot()  # the device arena freed
+    return costs

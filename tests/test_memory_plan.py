@@ -11,7 +11,12 @@ import pytest
 from transformers import Qwen2Config
 from typer.testing import CliRunner
 
-from satseq.actors.learner.specs import CheckpointChoices, TokenBudget
+from satseq.actors.learner.specs import (
+    SMALL_SNAPSHOT,
+    CheckpointChoices,
+    TokenBudget,
+    snapshot_on_device,
+)
 from satseq.cli.main import app
 from satseq.launch.memory_plan import (
     GIB,
@@ -140,7 +145,7 @@ def test_auto_micro_batches_are_planned_on_a_gpu_and_left_alone_on_the_cpu():
     auto = ["plan", "configs/sat_seq.yaml", "trainer.max_tokens_per_micro_batch=auto"]
     planned = runner.invoke(app, auto, env={"COLUMNS": "250"})
     assert planned.exit_code == 0, planned.output
-    budget = agent_update(load_config("configs/sat_seq.yaml"), 0).token_budget(1.0)
+    budget = agent_update(load_config("configs/sat_seq.yaml"), 0, PROMPT_TOKENS).token_budget(1.0)
     assert f"micro-batches of at most {budget.tokens(80 * GIB):,} tokens" in planned.output
     crowded = runner.invoke(app, [*auto, "trainer.workers_per_agent=1"], env={"COLUMNS": "250"})
     assert crowded.exit_code == 1 and "no micro-batch fits beside the rest" in crowded.output
@@ -202,7 +207,7 @@ def test_auto_checkpointing_is_planned_on_a_gpu_and_every_layer_on_the_cpu():
     assert every.exit_code == 0 and "update (every layer checkpointed)" in every.output
     roomy = [*auto, "trainer.micro_batch_size=1", "--gpu-gib", "141"]
     none = runner.invoke(app, roomy, env={"COLUMNS": "250"})
-    assert none.exit_code == 0 and "update (no layer checkpointed)" in none.output
+    assert none.exit_code == 0 and "update (no layer checkpointed; snapshot" in none.output
 
     config = load_config("configs/sat_seq.yaml", ["trainer.gradient_checkpointing=auto"])
     settings = LearnerSettings(LossSpec(), TrustRegionSpec())
@@ -212,6 +217,49 @@ def test_auto_checkpointing_is_planned_on_a_gpu_and_every_layer_on_the_cpu():
     assert on_gpu.checkpoint_choices.wanted_tokens == 4 * (PROMPT_TOKENS + 4096)
     assert on_gpu.token_budget is None  # micro-batches are not auto here
     assert on_cpu.checkpoint_choices is None and on_cpu.checkpoint_every == 1
+
+
+def test_the_snapshot_goes_on_the_device_where_a_configured_micro_batch_fits_beside_it():
+    """By hand: 90 % of 100 bytes is 90, 10 fixed, 1 byte a token, a micro-batch of 40 tokens.
+    A 50-byte snapshot leaves 30 tokens (host memory), a 40-byte one 40 (the device); reserved,
+    the budget shrinks by the snapshot's bytes. A snapshot of at most 1/64 of the device goes
+    there without a plan; a larger one without a plan stays in host memory."""
+    budget = TokenBudget(fixed=10, state=4, step=2, per_token=1, share=1, usable=0.9, wanted=40)
+    assert budget.tokens(100) == 80 and budget.tokens(100, reserved=40) == 40
+    assert not snapshot_on_device(budget, 50, 100)
+    assert snapshot_on_device(budget, 40, 100)
+    assert snapshot_on_device(None, SMALL_SNAPSHOT * 6400, 6400)
+    assert not snapshot_on_device(None, SMALL_SNAPSHOT * 6400 + 1, 6400)
+
+
+def test_the_plan_keeps_the_seeds_snapshot_on_an_h200_and_in_host_memory_on_80_gb():
+    """The seeds' 4B ranks (W = 2): on 80 GB the snapshot (12·P/W, 22.5 GiB) would leave no room
+    for a micro-batch of 4 × (512 + 4,096) tokens, on an H200's 141 GB it does, and the update's
+    peak counts it; GRPO has no snapshot. The learner spec carries the budget the learner
+    decides with on its own device."""
+    from satseq.actors.learner.specs import LossSpec, TrustRegionSpec
+    from satseq.cluster.learner_specs import PLAIN_STEPS, LearnerSettings, learner_spec
+    from satseq.config import load_config
+    from satseq.launch.memory_plan import learner_phase
+
+    config = load_config("configs/sat_seq.yaml", [])
+    small, _ = learner_phase(config, 0, 80, PROMPT_TOKENS)
+    roomy, update = learner_phase(config, 0, 141, PROMPT_TOKENS)
+    assert "snapshot" not in small.phase and "snapshot" not in small.parts
+    assert roomy.phase == "update (snapshot on the device)"
+    snapshot = 12 * activation_profile(update.config, "bfloat16")[0] / 2
+    assert roomy.parts["snapshot"] * GIB == pytest.approx(snapshot)
+    assert sum(roomy.parts.values()) == pytest.approx(sum(small.parts.values()) + snapshot / GIB)
+    grpo = load_config("configs/sat_seq.yaml", ["algorithm.name=grpo"])
+    assert "snapshot" not in learner_phase(grpo, 0, 141, PROMPT_TOKENS)[0].phase
+
+    budget = learner_spec(config, 0, LearnerSettings(LossSpec(), TrustRegionSpec()), "cuda", 1)
+    assert budget.snapshot_budget.wanted == 4 * (PROMPT_TOKENS + 4096)
+    assert not snapshot_on_device(budget.snapshot_budget, snapshot, 80 * GIB)
+    assert snapshot_on_device(budget.snapshot_budget, snapshot, 141 * GIB)
+    plain = learner_spec(config, 0, LearnerSettings(LossSpec(), PLAIN_STEPS), "cuda", 1)
+    on_cpu = learner_spec(config, 0, LearnerSettings(LossSpec(), TrustRegionSpec()), "cpu", 1)
+    assert plain.snapshot_budget is None and on_cpu.snapshot_budget is None
 
 
 def test_gradient_checkpointing_is_read_as_a_stride_and_bad_values_name_the_key():

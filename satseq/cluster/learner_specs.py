@@ -73,8 +73,10 @@ def learner_spec(
     agent = config.team.agents[agent_index]
     max_tokens = trainer.max_tokens_per_micro_batch
     share, auto_checkpoints = trainer.resources.num_gpus, trainer.gradient_checkpointing == "auto"
-    # on a GPU, `auto` settings come from the memory plan, finished on the learner's device
-    planned = device == "cuda" and (max_tokens == "auto" or auto_checkpoints)
+    # on a GPU, `auto` settings and the snapshot's place come from the memory plan, finished on
+    # the learner's device
+    backtracks = settings.trust_region.enabled
+    planned = device == "cuda" and (max_tokens == "auto" or auto_checkpoints or backtracks)
     update = agent_update(config, agent_index, PROMPT_TOKENS, model_path) if planned else None
     choices = checkpoint_choices(update, share) if update and auto_checkpoints else None
     dtype = (
@@ -100,6 +102,7 @@ def learner_spec(
         fp32_head=trainer.fp32_head,
         checkpoint_every=trainer.checkpoint_every,
         checkpoint_choices=choices,
+        snapshot_budget=update.token_budget(share) if update and backtracks else None,
         temperature=config.rollout.temperature,  # behaviour log-probs at the sampling temperature
         value_lr=settings.value_lr,
         value_steps=config.sat_seq.value_steps,

@@ -16,11 +16,17 @@ A learner's update, per rank of an agent's W (FSDP2 shards the state over W):
                             at the R response states of the agent's batch
     step           4·P/W    foreach AdamW's temporaries, once the activations are freed
 
-    peak = state + max(casts + activations + logits + reference, step)
+    snapshot       12·P/W   the trust region's backtracking snapshot (float32 weights and
+                            moments), where it is kept on the device (below)
+
+    peak = state + snapshot + max(casts + activations + logits + reference, step)
 
 A LoRA agent's base sits in the compute dtype (2·P, no casts) and its state is the adapter's;
 its activations are the full model's (measured on an H100: within 2 %). The backtracking
-snapshot (12·P) and an offloaded agent's state live in host memory. A vLLM engine on a GPU takes
+snapshot is kept on the device where a configured micro-batch (micro_batch_size longest
+trajectories) still fits beside it at the chosen stride (`TokenBudget.beside_snapshot`, as the
+learner decides it on its own device), otherwise in host memory; an offloaded agent's state
+lives in host memory. A vLLM engine on a GPU takes
 `rollout.gpu_memory_utilization` of it and must hold the bf16 weights. The constants were
 checked against the peaks measured on an H100 (bench/results/gpu_sheet_h100.json,
 tests/test_memory_plan.py).
@@ -35,7 +41,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from satseq.actors.learner.specs import CheckpointChoices, TokenBudget
+from satseq.actors.learner.specs import (
+    CheckpointChoices,
+    TokenBudget,
+    snapshot_bytes,
+    snapshot_on_device,
+)
 from satseq.config import RunConfig
 
 GIB = 1024**3
@@ -189,6 +200,7 @@ class LearnerUpdate:
     chunk_tokens: int
     workers: int = 1
     lora_parameters: int | None = None
+    snapshot_on_device: bool = False
 
     def peak(self) -> dict[str, float]:
         """The update's peak, by part (GiB): see the module's docstring."""
@@ -197,13 +209,23 @@ class LearnerUpdate:
         forward = sum(value for key, value in parts.items() if key != "state")
         if step > forward:  # the optimiser step's temporaries outgrow the forward's
             parts = {"state": parts["state"], "optimiser step": step}
+        if self.snapshot_on_device:
+            parts["snapshot"] = self.snapshot_bytes
         return {key: value / GIB for key, value in parts.items()}
+
+    @property
+    def snapshot_bytes(self) -> float:
+        """The backtracking snapshot of this rank (bytes)."""
+        trained = self.lora_parameters
+        if trained is None:
+            trained = activation_profile(self.config, self.compute_dtype)[0]
+        return snapshot_bytes(trained, self.workers)
 
     def token_budget(self, share: float = 1.0) -> TokenBudget:
         """The micro-batch token budget of this update on `share` of a device."""
         fixed, per_token, step = self._terms()
         total = sum(value for _, value in fixed)
-        return TokenBudget(total, fixed[0][1], step, per_token, share, USABLE)
+        return TokenBudget(total, fixed[0][1], step, per_token, share, USABLE, self.workload.tokens)
 
     def _terms(self) -> tuple[list[tuple[str, float]], float, float]:
         """The parts that do not grow with a micro-batch's tokens, state first (bytes); the
@@ -295,31 +317,14 @@ def plan(run: RunConfig, gpu_gib: float, prompt_tokens: int) -> list[Phase]:
     no GPU: no budget). With `trainer.max_tokens_per_micro_batch: auto` a learner's
     micro-batches are as large as its GPU share holds (`TokenBudget`), with
     `trainer.gradient_checkpointing: auto` it checkpoints the fewest layers at which a configured
-    micro-batch fits (`CheckpointChoices`), and its phase says so."""
-    trainer, rollout = run.trainer, run.rollout
-    share = trainer.resources.num_gpus
+    micro-batch fits (`CheckpointChoices`), under the trust region its backtracking snapshot is
+    kept on the device where a configured micro-batch fits beside it (`snapshot_on_device`),
+    and its phase says so."""
+    rollout = run.rollout
     phases, engines = [], {}
     for i, agent in enumerate(run.team.agents):
-        update, chosen = agent_update(run, i, prompt_tokens), []
-        budget = None  # the chosen stride's micro-batch budget, when the plan chooses one
-        if trainer.gradient_checkpointing == "auto" and share:
-            every, budget = checkpoint_choices(update, share).choose(gpu_gib * GIB)
-            update = dataclasses.replace(update, checkpoint_every=every)
-            chosen.append(stride_name(every))
-        if trainer.max_tokens_per_micro_batch == "auto" and share:
-            budget = budget if budget is not None else update.token_budget(share)
-            tokens = budget.tokens(gpu_gib * GIB)
-            workload = dataclasses.replace(update.workload, max_tokens=tokens)
-            update = dataclasses.replace(update, workload=workload)
-            chosen.append(
-                f"micro-batches of at most {tokens:,} tokens"
-                if tokens
-                else "no micro-batch fits beside the rest"
-            )
-        phase = f"update ({'; '.join(chosen)})" if chosen else "update"
-        workers = run.plan.agents[i].workers
-        who = f"learner {agent.name}" + (f" (each of {workers} ranks)" if workers > 1 else "")
-        phases.append(Phase(who, phase, update.peak(), share * gpu_gib or math.inf))
+        phase, update = learner_phase(run, i, gpu_gib, prompt_tokens)
+        phases.append(phase)
         lora = run.agent_lora(i) is not None
         engines.setdefault(agent.path if lora else agent.name, update)
     if run.plan.vllm_on_gpus:  # each engine its share
@@ -333,3 +338,39 @@ def plan(run: RunConfig, gpu_gib: float, prompt_tokens: int) -> list[Phase]:
             weights = {"bf16 weights": 2 * parameters / GIB}
             phases.append(Phase(f"engine {key}", "rollout (in its share)", weights, engine_gib))
     return phases
+
+
+def learner_phase(
+    run: RunConfig, i: int, gpu_gib: float, prompt_tokens: int
+) -> tuple[Phase, LearnerUpdate]:
+    """Agent i's update on one of its learner ranks, as its learner runs it on a GPU of
+    `gpu_gib` (see `plan`), and that update."""
+    trainer = run.trainer
+    share, device_bytes = trainer.resources.num_gpus, gpu_gib * GIB
+    update, chosen = agent_update(run, i, prompt_tokens), []
+    at_stride = update.token_budget(share)  # the micro-batch budget at the stride it runs
+    if trainer.gradient_checkpointing == "auto" and share:
+        every, at_stride = checkpoint_choices(update, share).choose(device_bytes)
+        update = dataclasses.replace(update, checkpoint_every=every)
+        chosen.append(stride_name(every))
+    reserved = 0.0  # the snapshot's bytes on the device
+    backtracks = run.algorithm.name == "sat_seq"
+    if backtracks and share and snapshot_on_device(at_stride, update.snapshot_bytes, device_bytes):
+        update = dataclasses.replace(update, snapshot_on_device=True)
+        reserved = update.snapshot_bytes
+        chosen.append("snapshot on the device")
+    if trainer.max_tokens_per_micro_batch == "auto" and share:
+        tokens = at_stride.tokens(device_bytes, reserved)
+        workload = dataclasses.replace(update.workload, max_tokens=tokens)
+        update = dataclasses.replace(update, workload=workload)
+        chosen.append(
+            f"micro-batches of at most {tokens:,} tokens"
+            if tokens
+            else "no micro-batch fits beside the rest"
+        )
+    phase = f"update ({'; '.join(chosen)})" if chosen else "update"
+    workers = run.plan.agents[i].workers
+    who = f"learner {run.team.agents[i].name}" + (
+        f" (each of {workers} ranks)" if workers > 1 else ""
+    )
+    return Phase(who, phase, update.peak(), share * gpu_gib or math.inf), update

@@ -2,6 +2,7 @@
 allocated once per layout (on a GPU, one pinned allocation instead of one per tensor), and
 restores them bit for bit."""
 
+import pytest
 import torch
 
 from satseq.actors.learner.snapshot import ALIGNMENT, TrainingSnapshot
@@ -42,10 +43,14 @@ def test_one_arena_holds_every_tensor_and_is_reused_while_the_layout_stands():
     assert snapshot.nbytes == arena.nbytes < 2 * sum(p.nbytes for p in places) + 12 * ALIGNMENT
 
 
-def test_restore_brings_back_the_weights_and_the_optimiser_state_bit_for_bit():
+@pytest.mark.parametrize("on_device", [False, True])
+def test_restore_brings_back_the_weights_and_the_optimiser_state_bit_for_bit(on_device):
+    """In host memory, and in an arena on the sources' device (a GPU's when they are on one;
+    here the CPU, so the same memory: the host waits for nothing either way)."""
     model, optimizer = a_model_and_its_adamw()
     step(model, optimizer)
-    snapshot = TrainingSnapshot().save(model, optimizer)
+    snapshot = TrainingSnapshot(on_device=on_device).save(model, optimizer)
+    assert snapshot._arena.device == next(model.parameters()).device
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     state = {
         i: {k: v.clone() for k, v in s.items()} for i, s in enumerate(optimizer.state.values())
@@ -56,3 +61,16 @@ def test_restore_brings_back_the_weights_and_the_optimiser_state_bit_for_bit():
     assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())
     for i, restored in enumerate(optimizer.state.values()):
         assert all(torch.equal(restored[k], v) for k, v in state[i].items())
+
+
+def test_the_optimisers_hook_does_not_keep_a_replaced_snapshot_or_its_arena_alive():
+    import gc
+    import weakref
+
+    model, optimizer = a_model_and_its_adamw()
+    gone = weakref.ref(TrainingSnapshot().save(model, optimizer))
+    kept = TrainingSnapshot().save(model, optimizer)
+    gc.collect()
+    assert gone() is None  # its arena with it
+    step(model, optimizer)  # the dead snapshot's hook is a no-op; the live one's waits
+    kept.restore(model, optimizer)

@@ -25,7 +25,7 @@ import torch
 
 from satseq.actors.forward import PolicyTrunk
 from satseq.actors.learner.snapshot import TrainingSnapshot
-from satseq.actors.learner.specs import LearnerSpec
+from satseq.actors.learner.specs import LearnerSpec, snapshot_bytes, snapshot_on_device
 from satseq.actors.packing import packable
 from satseq.actors.residency import Residency
 from satseq.actors.sharding import ShardGroup, shard_policy
@@ -65,7 +65,7 @@ class AgentPolicy:
                 spec.model_path, dtype="float32", device=spec.device
             )
         self.device = next(self.model.parameters()).device
-        self.checkpoint_every, self.max_tokens = self._memory_settings(spec)
+        self.checkpoint_every, self.max_tokens, device_snapshot = self._memory_settings(spec)
         if self.checkpoint_every is not None:
             checkpoint_layers(self.model, self.checkpoint_every)
         self.model.train()
@@ -79,7 +79,7 @@ class AgentPolicy:
             weight_decay=spec.optimizer.weight_decay,
             fused=(self.device.type == "cuda" and not self.group.sharded) or None,  # one kernel
         )
-        self.snapshot = TrainingSnapshot()
+        self.snapshot = TrainingSnapshot(on_device=device_snapshot)
         self.pad_token_id = self.tokenizer.pad_token_id
         self.residency = Residency(  # sharded, FSDP2 offloads instead
             self.model,
@@ -88,22 +88,29 @@ class AgentPolicy:
             spec.offload == "idle_agents" and not self.group.sharded,
         )
 
-    def _memory_settings(self, spec: LearnerSpec) -> tuple[int | None, int | None]:
-        """The checkpointed layers' stride (None: none) and a micro-batch's most tokens (None:
-        no cap): the spec's, or on a GPU what its memory plan gives this device."""
-        every, budget = spec.checkpoint_every, spec.token_budget
+    def _memory_settings(self, spec: LearnerSpec) -> tuple[int | None, int | None, bool]:
+        """The checkpointed layers' stride (None: none), a micro-batch's most tokens (None: no
+        cap) and whether the backtracking snapshot is kept on the device: the spec's (and host
+        memory), or on a GPU what its memory plan gives this device (`snapshot_on_device`)."""
+        every, budget, at_stride = spec.checkpoint_every, spec.token_budget, spec.snapshot_budget
         if self.device.type != "cuda":
-            return every, spec.max_tokens_per_micro_batch
+            return every, spec.max_tokens_per_micro_batch, False
         device_bytes = torch.cuda.get_device_properties(self.device).total_memory
         if spec.checkpoint_choices is not None:
-            every, chosen = spec.checkpoint_choices.choose(device_bytes)
-            budget = chosen if budget is not None else None
+            every, at_stride = spec.checkpoint_choices.choose(device_bytes)
+            budget = at_stride if budget is not None else None
+        snapshot = 0.0  # the bytes the snapshot takes on the device
+        if spec.trust_region.enabled:
+            trained = sum(param.numel() for param in self.model.parameters() if param.requires_grad)
+            snapshot = snapshot_bytes(trained, spec.workers)
+            if not snapshot_on_device(at_stride, snapshot, device_bytes):
+                snapshot = 0.0
         if budget is None:
-            return every, spec.max_tokens_per_micro_batch
-        tokens = budget.tokens(device_bytes)
+            return every, spec.max_tokens_per_micro_batch, snapshot > 0
+        tokens = budget.tokens(device_bytes, reserved=snapshot)
         if not tokens:
             log.warning("the memory plan leaves no room for activations: one trajectory a pass")
-        return every, tokens
+        return every, tokens, snapshot > 0
 
     def share_base(self, other: AgentPolicy) -> bool:
         """This LoRA agent's frozen base weights become `other`'s where `other` is a LoRA agent

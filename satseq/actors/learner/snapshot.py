@@ -1,10 +1,12 @@
-"""The backtracking snapshot: weights and optimiser state kept off the accelerator, so that a
-trust-region attempt that overshoots can be undone (design §4, §11)."""
+"""The backtracking snapshot: weights and optimiser state kept aside (in host memory, or on the
+accelerator where memory allows), so that a trust-region attempt that overshoots can be undone
+(design §4, §11)."""
 
 from __future__ import annotations
 
 import copy
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,10 +17,12 @@ ALIGNMENT = 64
 
 
 class TrainingSnapshot:
-    """Weights and optimiser state kept off the accelerator, in one CPU arena reused across
-    steps (pinned where the sources are on a GPU, so that the copies run asynchronously; one
+    """Weights and optimiser state kept aside in one arena reused across steps: in host memory
+    (pinned where the sources are on a GPU, so that the copies run asynchronously; one
     allocation, where a buffer per tensor made ~870 pinned allocations, 2.26 s on an H100 at
-    0.5B).
+    0.5B), or with `on_device` on the sources' GPU (`specs.snapshot_on_device` says when the
+    memory allows), where both copies run at the device's bandwidth and `restore` needs no
+    host synchronisation.
 
     `save` copies the trained parameters (a LoRA agent's adapter, not its frozen base) and each
     one's optimiser state into their places in the arena, laid out on first use and again only
@@ -26,13 +30,15 @@ class TrainingSnapshot:
     `restore` copies them back in place. A sharded parameter (a DTensor, FSDP2) and its state
     are saved and restored as this rank's shard.
 
-    On a GPU the device-to-host copies run on a stream of their own, so that they overlap the
+    On a GPU the copies into the arena run on a stream of their own, so that they overlap the
     forward and backward passes that follow (which only read the weights): the optimiser's next
     step, the first write to what was copied, waits for them (a step pre-hook on the
-    optimiser), and the host waits only in `restore`.
+    optimiser); `restore` waits for them on the compute stream (a device arena) or the host
+    waits (a host one).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_device: bool = False) -> None:
+        self.on_device = on_device
         self._arena: torch.Tensor | None = None
         self._places: dict[str, torch.Tensor] = {}
         self.model: dict[str, torch.Tensor] = {}
@@ -56,7 +62,7 @@ class TrainingSnapshot:
         }
         copies = self._copy_out({key: local_shard(t.detach()) for key, t in sources.items()})
         if optimizer not in self._waiting:
-            optimizer.register_step_pre_hook(lambda *_: self.wait_for_copies())
+            optimizer.register_step_pre_hook(_waits_for(weakref.ref(self)))
             self._waiting.add(optimizer)
         self.model = {name: copies[f"model/{name}"] for name in parameters}
         self.optimizer = {
@@ -80,6 +86,7 @@ class TrainingSnapshot:
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         if self._arena is not None and self._arena.is_pinned():
             torch.cuda.synchronize()  # the host reads the pinned arena below
+        self.wait_for_copies()  # a device arena: the copies back follow the copies out
         for name, param in trained_parameters(model):
             local_shard(param).copy_(self.model[name], non_blocking=True)
         saved_state = self.optimizer["state"]
@@ -109,7 +116,8 @@ class TrainingSnapshot:
             for key, t in sources.items()
         ):
             self._lay_out(sources)
-        if not (self._arena is not None and self._arena.is_pinned()):
+        assert self._arena is not None
+        if not (self._arena.is_pinned() or self._arena.is_cuda):
             return {key: self._places[key].copy_(t) for key, t in sources.items()}
         device = next(t.device for t in sources.values() if t.is_cuda)
         if self._copy_stream is None:
@@ -135,18 +143,33 @@ class TrainingSnapshot:
     def _lay_out(self, sources: dict[str, torch.Tensor]) -> None:
         """One arena for `sources`, each in a place of its shape and dtype (the old arena is
         freed once nothing of the previous snapshot refers to it)."""
+        self.wait_for_copies()  # the previous copies into it are done before it can be reused
         offsets, total = {}, 0
         for key, tensor in sources.items():
             offsets[key] = total
             total += -(-tensor.numel() * tensor.element_size() // ALIGNMENT) * ALIGNMENT
-        pinned = any(tensor.is_cuda for tensor in sources.values())
-        self._arena = torch.empty(total, dtype=torch.uint8, device="cpu", pin_memory=pinned)
+        gpu = next((t.device for t in sources.values() if t.is_cuda), None)
+        if self.on_device and gpu is not None:
+            self._arena = torch.empty(total, dtype=torch.uint8, device=gpu)
+        else:
+            self._arena = torch.empty(total, dtype=torch.uint8, pin_memory=gpu is not None)
         self._places = {
             key: self._arena[offsets[key] : offsets[key] + t.numel() * t.element_size()]
             .view(t.dtype)
             .view(t.shape)
             for key, t in sources.items()
         }
+
+
+def _waits_for(snapshot: weakref.ref) -> Callable[..., None]:
+    """An optimiser step pre-hook: the step waits for the snapshot's copies (the hook does not
+    keep a snapshot that was replaced alive, nor its arena)."""
+
+    def hook(*_: Any) -> None:
+        if (alive := snapshot()) is not None:
+            alive.wait_for_copies()
+
+    return hook
 
 
 def trained_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

@@ -60,7 +60,8 @@ class TokenBudget:
     """A micro-batch's token budget from the memory plan (`satseq.launch.memory_plan`): the
     update's bytes that do not grow with a micro-batch's tokens (`fixed`: state, weight casts,
     logits, reference; `state` among them), the optimiser step's temporaries, and the
-    activations' bytes a token, against `usable` of this rank's `share` of its device."""
+    activations' bytes a token, against `usable` of this rank's `share` of its device; `wanted`:
+    the tokens a configured micro-batch needs (micro_batch_size longest trajectories)."""
 
     fixed: float
     state: float
@@ -68,14 +69,36 @@ class TokenBudget:
     per_token: float
     share: float
     usable: float
+    wanted: int = 0
 
-    def tokens(self, device_bytes: float) -> int:
-        """The most tokens whose activations fit beside the rest of the update; 0 where the
-        rest alone does not fit."""
-        usable = self.usable * self.share * device_bytes
+    def tokens(self, device_bytes: float, reserved: float = 0.0) -> int:
+        """The most tokens whose activations fit beside the rest of the update and `reserved`
+        bytes more; 0 where the rest alone does not fit."""
+        usable = self.usable * self.share * device_bytes - reserved
         if self.state + self.step > usable or usable - self.fixed < self.per_token:
             return 0
         return math.floor((usable - self.fixed) / self.per_token)
+
+
+SMALL_SNAPSHOT = 1 / 64
+"""A snapshot of at most this share of its device (a LoRA adapter's, or a small model's) is kept
+on the device with or without a plan: it cannot crowd out a micro-batch."""
+
+
+def snapshot_on_device(budget: TokenBudget | None, snapshot: float, device_bytes: float) -> bool:
+    """Whether the trust region's backtracking snapshot (`snapshot` bytes) is kept on a device
+    of `device_bytes` rather than in host memory: where it is small, or where the plan's
+    `budget` (at the chosen stride) still holds a configured micro-batch beside it. It never
+    makes a micro-batch smaller than configured, nor makes more layers checkpointed."""
+    if snapshot <= SMALL_SNAPSHOT * device_bytes:
+        return True
+    return budget is not None and budget.tokens(device_bytes, snapshot) >= max(budget.wanted, 1)
+
+
+def snapshot_bytes(trained_parameters: int, workers: int = 1) -> float:
+    """The backtracking snapshot of one rank: its share of the float32 trained weights and of
+    AdamW's two float32 moments (12 bytes a parameter)."""
+    return 12 * trained_parameters / workers
 
 
 @dataclass(frozen=True)
@@ -117,6 +140,9 @@ class LearnerSpec:
     mini_batch_size: int | None = None  # trajectories per optimiser step; None: the whole batch
     checkpoint_every: int | None = None  # gradient checkpointing of every k-th layer; None: off
     checkpoint_choices: CheckpointChoices | None = None  # on a GPU, the plan's stride instead
+    # on a GPU under the trust region: the update's budget at the configured stride, which puts
+    # the backtracking snapshot on the device where a configured micro-batch fits beside it
+    snapshot_budget: TokenBudget | None = None
     fp32_head: bool = True  # the output layer's logits in float32 under autocast
     temperature: float = 1.0
     value_lr: float | None = None  # `gae` mode: a value head fitted at this lr; None: no head
