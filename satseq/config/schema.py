@@ -84,6 +84,9 @@ class ServeConfig(Section):
         description="each agent deployment's engine; auto: vllm where the replica has a GPU "
         "and vLLM is installed, else hf",
     )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="the engines' weights; auto: bfloat16 on a GPU, float32 on the CPU"
+    )
     engine_threads: int = Field(1, ge=1, description="torch threads per agent replica (CPU)")
     samples_per_agent: int = Field(1, ge=1, description="default of a request's samples_per_agent")
     max_samples_per_agent: int = Field(

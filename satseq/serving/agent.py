@@ -166,13 +166,17 @@ class AgentModel:
             self.sandbox.close()
 
 
-def replica_engine(kind: ServeEngine) -> EngineKind:
-    """The engine a replica serves with: `serve.engine`, where `auto` is vLLM when the replica
-    sees a GPU (its `ray_actor_options` asked for one) and vLLM is installed, else hf."""
-    if kind != "auto":
-        return kind
-    has_vllm = importlib.util.find_spec("vllm") is not None
-    return "vllm" if torch.cuda.is_available() and has_vllm else "hf"
+def replica_engine(kind: ServeEngine, options: dict[str, Any]) -> tuple[EngineKind, dict]:
+    """The engine a replica serves with and its options: `serve.engine`, where `auto` is vLLM
+    when the replica sees a GPU (its `ray_actor_options` asked for one) and vLLM is installed,
+    else hf; and `serve.dtype` (`options["dtype"]`), where `auto` is bfloat16 on a GPU and
+    float32 on the CPU (the output layer stays float32 with `fp32_head`)."""
+    gpu = torch.cuda.is_available()
+    if kind == "auto":
+        kind = "vllm" if gpu and importlib.util.find_spec("vllm") is not None else "hf"
+    if options.get("dtype", "auto") == "auto":
+        options = {**options, "dtype": "bfloat16" if gpu else "float32"}
+    return kind, options
 
 
 @serve.deployment(
@@ -199,7 +203,7 @@ class AgentDeployment:
         use_tools = tools is not None and tools.enabled
         # owned by this replica's process, so Ray ends it with the replica
         self.sandbox = start_sandbox_pool(sandbox or SandboxConfig()) if use_tools else None
-        engine = replica_engine(engine)
+        engine, engine_options = replica_engine(engine, engine_options)
         common = (scorer, engine, engine_options)
         if isinstance(model_path, str):  # one agent, whatever the ingress calls it
             self.models = {None: AgentModel(model_path, *common, seed, tools, self.sandbox)}

@@ -79,7 +79,11 @@ def team_app(
             paths if shared else next(iter(paths.values())),
             scorer,
             settings.engine,
-            {"num_threads": settings.engine_threads, "fp32_head": config.trainer.fp32_head},
+            {
+                "num_threads": settings.engine_threads,
+                "fp32_head": config.trainer.fp32_head,
+                "dtype": settings.dtype,
+            },
             {name: seeds[name] for name in paths} if shared else seeds[next(iter(paths))],
             tools,
             config.sandbox,
