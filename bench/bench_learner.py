@@ -3,12 +3,15 @@
 Each mode runs in its own process (so peak memory is its own): `bare` is a good training loop
 on the learner's own kernels (`learner_workload.bare_step`: packed without padding, the fused
 output layer over the response tokens, cross-entropy, backward, AdamW, each weight cast once a
-step, in the learner's precision), `bare+check` the same plus the one forward pass a
-trust-region check adds; the learner modes are `Learner.update` with one
+step, in the learner's precision), `bare+check` the same plus the one forward pass k3's
+trust-region check adds (the response log-probs), `bare+kl-check` with exact's check pass
+instead (those and the exact vocabulary KL against π_cur); the learner modes are
+`Learner.update` with one
 step: `exact` (exact vocabulary KL + trust region), `k3` (k3 KL + trust region) and `plain`
 (PPO-clip as GRPO takes it: no trust region, no pass after the step, the behaviour log-probs
 from the step's own forward). It prints tokens/s, the ratio to the mode's baseline
-(`learner_workload.BASELINE`: `bare+check` for exact and k3, `bare` for plain), MFU on CUDA
+(`learner_workload.BASELINE`: `bare+kl-check` for exact, `bare+check` for k3, `bare` for
+plain), MFU on CUDA
 (6N FLOPs per token over --peak-tflops) and peak memory (CUDA: allocated; CPU: the process's
 max RSS), then the cost of one backtrack (snapshot, restore, and the retried step). The workload is
 `learner_workload`'s, as `gpu_sheet.py`'s, which measures all of this on a GPU in one command.
@@ -23,6 +26,7 @@ Not a timed test: it prints numbers.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import resource
 import statistics
@@ -44,7 +48,7 @@ from learner_workload import (
     workload_tokens,
 )
 
-MODES = ("bare", "bare+check", "exact", "k3", "plain")
+MODES = (*BARE_MODES, "exact", "k3", "plain")
 
 
 def make_learner(args, path: str, mode: str):
@@ -87,36 +91,45 @@ def worker(args, path: str, mode: str) -> dict:
     return result
 
 
-def paired(args, path: str, modes: list[str]) -> dict[str, list[float]]:
-    """Every mode in this process, `--paired` rounds each timing one step of every mode in
-    turn (after a warm-up round), so that the machine's drift slows each mode's step of a
-    round alike: seconds per step of each mode, round by round."""
-    learners = {mode: make_learner(args, path, mode) for mode in modes if mode != "bare+check"}
-    learners["bare+check"] = learners.get("bare") or make_learner(args, path, "bare")
-    vocab = learners[modes[0]].policy.model.config.vocab_size
-    trajectories = workload(args, vocab)
-    seconds = {mode: [] for mode in modes}
-    for round_ in range(args.paired + 1):
-        for mode in modes:
-            row = time_mode(learners[mode], mode, trajectories, 1, args.device, warm_up=False)
-            if round_:
-                seconds[mode].append(row["seconds"])
+def paired(args, path: str, modes: list[str]) -> dict[str, tuple[list[float], list[float]]]:
+    """Each learner mode against its baseline (`BASELINE`: the bare loop, with its check pass
+    where the mode checks), in this process holding just the two learners: after a warm-up
+    round, `--paired` rounds each timing one step of both, the one that went first going
+    second the next round, so that the machine's drift slows both alike and neither always
+    inherits the other's freed memory and caches. Seconds per step of the mode and of its
+    baseline, round by round."""
+    from satseq.actors.residency import return_free_host_memory
+
+    bare = make_learner(args, path, "bare")
+    trajectories = workload(args, bare.policy.model.config.vocab_size)
+    seconds = {}
+    for mode in (mode for mode in modes if mode not in BARE_MODES):
+        pair = {mode: make_learner(args, path, mode), BASELINE[mode]: bare}
+        times: dict[str, list[float]] = {name: [] for name in pair}
+        for round_ in range(args.paired + 1):
+            for name in list(pair)[:: 1 if round_ % 2 else -1]:
+                row = time_mode(pair[name], name, trajectories, 1, args.device, warm_up=False)
+                if round_:
+                    times[name].append(row["seconds"])
+        seconds[mode] = (times[mode], times[BASELINE[mode]])
+        del pair  # the mode's learner freed before the next one is built
+        gc.collect()
+        return_free_host_memory()
     return seconds
 
 
-def print_paired(args, seconds: dict[str, list[float]]) -> None:
-    """Each mode's median tokens/s, and the median over rounds of its ratio to its baseline
-    (with the lowest and highest round's)."""
+def print_paired(args, seconds: dict[str, tuple[list[float], list[float]]]) -> None:
+    """Each mode's and its baseline's median tokens/s, and the median over rounds of their
+    ratio (with the lowest and highest round's)."""
     tokens = workload_tokens(args.sequences, args.prompt_len, args.response_len, args.varied)
-    print(f"{args.paired} paired rounds, one step of each mode a round")
-    print(f"{'mode':10} {'tokens/s':>10} {'÷ base':>7} {'base':>10} {'rounds':>13}")
-    for mode, times in seconds.items():
-        base = BASELINE[mode]
-        ratios = sorted(b / t for b, t in zip(seconds.get(base, times), times, strict=True))
+    print(f"{args.paired} paired rounds a mode, one step of it and of its baseline a round")
+    print(f"{'mode':8} {'tokens/s':>9} {'base':>14} {'tokens/s':>9} {'÷ base':>7} {'rounds':>11}")
+    for mode, (times, base_times) in seconds.items():
+        ratios = sorted(b / t for b, t in zip(base_times, times, strict=True))
         print(
-            f"{mode:10} {tokens / statistics.median(times):10.0f} "
-            f"{statistics.median(ratios):7.2f} {base:>10} "
-            f"{f'{ratios[0]:.2f}–{ratios[-1]:.2f}':>13}"
+            f"{mode:8} {tokens / statistics.median(times):9.0f} {BASELINE[mode]:>14} "
+            f"{tokens / statistics.median(base_times):9.0f} {statistics.median(ratios):7.2f} "
+            f"{f'{ratios[0]:.2f}–{ratios[-1]:.2f}':>11}"
         )
 
 
@@ -139,8 +152,8 @@ def main() -> None:
         "--paired",
         type=int,
         default=0,
-        help="N: every mode in one process, N rounds of one step each in turn (ratios per "
-        "round; no peak memory)",
+        help="N: each learner mode against its baseline, the two in one process, N rounds of "
+        "one step each in turn (ratios per round; no peak memory)",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)

@@ -71,12 +71,15 @@ SIZES = {  # Qwen2 shapes; vocabularies as large as real models', where the memo
     ),
 }
 MODES = ("exact", "k3", "plain", "lora")
-BARE_MODES = ("bare", "bare+check")
-BASELINE = {"exact": "bare+check", "k3": "bare+check"} | dict.fromkeys(
+BARE_MODES = ("bare", "bare+check", "bare+kl-check")
+BARE_CHECKS = {"bare": None, "bare+check": "tokens", "bare+kl-check": "vocabulary"}
+"""Each bare mode's check pass (`bare_step`'s `check`)."""
+BASELINE = {"exact": "bare+kl-check", "k3": "bare+check"} | dict.fromkeys(
     ("plain", "lora", *BARE_MODES), "bare"
 )
 """What each mode's throughput is compared with: the bare loop, plus the forward pass the trust
-region's check needs where the mode checks."""
+region's check needs where the mode checks (k3's: the response log-probs; exact's: those and
+the exact KL over the vocabulary against π_cur)."""
 """The learner's update modes: SAT-Seq's trust region with the exact vocabulary KL or k3, plain
 PPO-clip steps as GRPO takes them (no measuring pass after the step), and the exact mode on a
 LoRA agent ([3.3], where it has landed)."""
@@ -186,32 +189,49 @@ def learner_spec(mode: str, path: str, lora_rank: int = 16, **settings):
     )
 
 
-def bare_step(policy, trajectories, check_pass: bool = False) -> None:
+def bare_step(policy, trajectories, check: str | None = None) -> None:
     """The baseline, a good training loop on the learner's own model, optimiser, micro-batches
     and kernels: the trunk's forward (packed without padding, as the learner packs), the
     fused output layer's log-probs of the response tokens, cross-entropy (their token mean),
     backward, gradient clipping and AdamW (fused on CUDA), each weight cast once a step.
-    `policy`: an `AgentPolicy`. check_pass: then one forward pass without gradients over the
-    batch (the response log-probs), the pass a trust-region check adds: exact and k3 are
-    compared with this."""
-    from satseq.actors.forward import response_logprobs
+    `policy`: an `AgentPolicy`. `check`: then one forward pass without gradients over the
+    batch, the pass a trust-region check adds: `tokens`, the response log-probs (what k3's
+    check computes); `vocabulary`, those and the exact KL(π_θ ‖ π_cur) over the vocabulary,
+    against π_cur's output layer and hidden states kept from the step's forward (what exact's
+    check computes, from what the learner keeps)."""
+    from satseq.actors.forward import response_hidden_states, response_positions
+    from satseq.algo.lm_head import chunked_logprobs_and_kl
 
-    def logprobs(batch):
+    chunk_tokens = policy.spec.logit_chunk_tokens
+    reference, kept = None, []  # π_cur's output layer and states, for the exact check
+
+    def forward(batch, reference_hidden=None):
+        where = response_positions(batch)
         with policy.autocast():
-            return response_logprobs(policy.trunk, batch, 1.0, policy.spec.logit_chunk_tokens)
+            hidden, layer = response_hidden_states(policy.trunk, batch)
+            states = hidden[where]
+            logp, _ = chunked_logprobs_and_kl(
+                states, batch.response_ids[where], layer, 1.0, reference_hidden,
+                None if reference_hidden is None else reference, chunk_tokens,
+            )  # fmt: skip
+        return logp, states, layer
 
     policy.optimizer.zero_grad(set_to_none=True)
     with policy.cast_once():
         for _, batch in policy.micro_batches(trajectories):
             batch = batch.to(policy.device)
-            loss = -logprobs(batch).sum() / batch.response_lengths.sum()
+            logp, states, layer = forward(batch)
+            if check == "vocabulary":
+                reference = reference or layer.detached_copy(policy.reference_dtype)
+                kept.append(states.detach().to(policy.reference_dtype))
+            loss = -logp.sum() / batch.response_lengths.sum()
             (loss * len(batch.input_ids) / len(trajectories)).backward()
     torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
     policy.optimizer.step()
-    if check_pass:
+    if check is not None:
         with torch.no_grad(), policy.cast_once():
-            for _, batch in policy.micro_batches(trajectories):
-                logprobs(batch.to(policy.device))
+            for i, (_, batch) in enumerate(policy.micro_batches(trajectories)):
+                forward(batch.to(policy.device), kept[i] if kept else None)
 
 
 def synchronize(device: str) -> None:
@@ -247,7 +267,7 @@ def time_mode(
     A = torch.linspace(-1, 1, len(trajectories))
     c = torch.ones(len(trajectories))
     if mode in BARE_MODES:
-        step = functools.partial(bare_step, learner.policy, trajectories, mode == "bare+check")
+        step = functools.partial(bare_step, learner.policy, trajectories, BARE_CHECKS[mode])
         return {"seconds": timed(step, repeats, device, warm_up=warm_up)}
     stage = {"logp_cur": None}
     results = []

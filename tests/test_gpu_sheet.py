@@ -21,10 +21,14 @@ def test_the_sheet_runs_every_section_on_the_cpu(tmp_path, monkeypatch):
     sheet = json.loads((tmp_path / "gpu_sheet.json").read_text())
     rows = sheet["sizes"]["tiny"]["rows"]
     lora = set() if lora_missing() else {"lora"}  # a LoRA agent's row where peft is installed
-    assert set(rows) == {"bare", "bare+check", "exact", "k3", "plain"} | lora
+    assert set(rows) == {"bare", "bare+check", "bare+kl-check", "exact", "k3", "plain"} | lora
     assert all(row["seconds"] > 0 for row in rows.values())
     assert rows["exact"]["restore_s"] >= 0  # one backtrack's parts
-    for mode in set(rows) - {"bare", "bare+check"}:  # every timed update one accepted step
+    for mode in set(rows) - {
+        "bare",
+        "bare+check",
+        "bare+kl-check",
+    }:  # every timed update one accepted step
         assert rows[mode]["backtracks"] == 0 and rows[mode]["not_applied"] == 0, mode
     cycles = sheet["offload"]["cycles"]  # three learners onloaded and offloaded, two rounds
     assert [cycle["round"] for cycle in cycles] == [1, 1, 1, 2, 2, 2]
