@@ -74,3 +74,24 @@ def test_the_optimisers_hook_does_not_keep_a_replaced_snapshot_or_its_arena_aliv
     assert gone() is None  # its arena with it
     step(model, optimizer)  # the dead snapshot's hook is a no-op; the live one's waits
     kept.restore(model, optimizer)
+
+
+def test_a_new_layout_drops_the_old_arena_before_allocating_its_own(monkeypatch):
+    """The first save holds the weights; once AdamW's state appears the arena is laid out
+    again: the old one is already unreferenced when the new one is allocated."""
+    import weakref
+
+    model, optimizer = a_model_and_its_adamw()
+    snapshot = TrainingSnapshot().save(model, optimizer)
+    old = weakref.ref(snapshot._arena)
+    alive_when_allocating = []
+    empty = torch.empty
+
+    def watched_empty(*args, **kwargs):
+        alive_when_allocating.append(old() is not None)
+        return empty(*args, **kwargs)
+
+    step(model, optimizer)
+    monkeypatch.setattr(torch, "empty", watched_empty)
+    snapshot.save(model, optimizer)
+    assert alive_when_allocating == [False]

@@ -141,9 +141,12 @@ class TrainingSnapshot:
             self._copied = None
 
     def _lay_out(self, sources: dict[str, torch.Tensor]) -> None:
-        """One arena for `sources`, each in a place of its shape and dtype (the old arena is
-        freed once nothing of the previous snapshot refers to it)."""
+        """One arena for `sources`, each in a place of its shape and dtype; the old arena and
+        the previous snapshot's views of it are dropped first, so the two are never held at
+        once (on the device: 4·P of weights and then 12·P with AdamW's state, not 16·P)."""
         self.wait_for_copies()  # the previous copies into it are done before it can be reused
+        # the previous snapshot freed before the new arena is allocated (not both at once)
+        self._arena, self._places, self.model, self.optimizer = None, {}, {}, {}
         offsets, total = {}, 0
         for key, tensor in sources.items():
             offsets[key] = total
