@@ -41,6 +41,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e")]
 ROOT = Path(__file__).resolve().parents[2]
 SATSEQ = str(Path(sys.executable).parent / "satseq")
 CONFIG = ROOT / "configs" / "smollm2.yaml"
+GRPO_CONFIG = ROOT / "configs" / "smollm2_grpo.yaml"
 SMOLLM2 = "builtin:smollm2-135m"
 KINDS = ("hf", "vllm")
 # A prompt SmolLM2 answers greedily with a boxed number and stops.
@@ -192,6 +193,23 @@ def test_a_sat_seq_stage_writes_metrics_and_loadable_agents(trained, engines, im
             assert sample.finish_reason == "stop" and sample.token_ids[-1] == im_end
         finally:
             engine.close()
+
+
+def test_a_grpo_stage_of_the_baseline_config_updates_and_saves_each_agent(tmp_path):
+    """configs/smollm2_grpo.yaml, the learning benchmark's baseline (the same two agents, each
+    trained alone by GRPO on its own groups), one stage shrunk as TINY_RUN: every agent's
+    update is logged and its HF directory saved."""
+    shrunk = [key for key in TINY_RUN if not key.startswith("sat_seq.")] + ["grpo.group_size=2"]
+    overrides = [arg for key in shrunk for arg in ("--set", key)]
+    satseq("train", str(GRPO_CONFIG), "--output-dir", str(tmp_path), *overrides, timeout=600)
+    (metrics,) = [
+        json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert metrics["stage"] == 0 and metrics["groups/degenerate_fraction"] >= 0
+    for name in ("a0", "a1"):
+        assert f"reward/mean/{name}" in metrics
+        directory = tmp_path / f"agent_{name}" / "stage_0"
+        assert AutoModelForCausalLM.from_pretrained(directory).num_parameters() == 134_515_008
 
 
 def test_eval_scores_the_trained_team(trained, tmp_path):
