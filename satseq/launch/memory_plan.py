@@ -24,7 +24,7 @@ A learner's update, per rank of an agent's W (FSDP2 shards the state over W):
 A LoRA agent's base sits in the compute dtype (2·P, no casts) and its state is the adapter's;
 its activations are the full model's (measured on an H100: within 2 %). The backtracking
 snapshot is kept on the device where a configured micro-batch (micro_batch_size longest
-trajectories) still fits beside it at the chosen stride (`TokenBudget.beside_snapshot`, as the
+trajectories) still fits beside it at the chosen stride (`specs.snapshot_on_device`, as the
 learner decides it on its own device), otherwise in host memory; an offloaded agent's state
 lives in host memory. A vLLM engine on a GPU takes
 `rollout.gpu_memory_utilization` of it and must hold the bf16 weights. The constants were
