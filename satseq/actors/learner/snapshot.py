@@ -155,7 +155,8 @@ class TrainingSnapshot:
         if self.on_device and gpu is not None:
             self._arena = torch.empty(total, dtype=torch.uint8, device=gpu)
         else:
-            self._arena = torch.empty(total, dtype=torch.uint8, pin_memory=gpu is not None)
+            pinned = gpu is not None  # the copies from a GPU run asynchronously
+            self._arena = torch.empty(total, dtype=torch.uint8, device="cpu", pin_memory=pinned)
         self._places = {
             key: self._arena[offsets[key] : offsets[key] + t.numel() * t.element_size()]
             .view(t.dtype)
