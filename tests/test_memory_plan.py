@@ -261,6 +261,13 @@ def test_the_plan_keeps_the_seeds_snapshot_on_an_h200_and_in_host_memory_on_80_g
     on_cpu = learner_spec(config, 0, LearnerSettings(LossSpec(), TrustRegionSpec()), "cpu", 1)
     assert plain.snapshot_budget is None and on_cpu.snapshot_budget is None
 
+    # a learner that lends its device between updates keeps the snapshot in host memory
+    lends = load_config("configs/sat_seq.yaml", ["team.agents.0.offload=idle_agents"])
+    assert "snapshot" not in learner_phase(lends, 0, 141, PROMPT_TOKENS)[0].phase
+    assert "snapshot" in learner_phase(lends, 1, 141, PROMPT_TOKENS)[0].phase
+    spec = learner_spec(lends, 0, LearnerSettings(LossSpec(), TrustRegionSpec()), "cuda", 1)
+    assert spec.snapshot_budget is None
+
 
 def test_gradient_checkpointing_is_read_as_a_stride_and_bad_values_name_the_key():
     from satseq.config import ConfigError, load_config

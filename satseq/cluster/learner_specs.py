@@ -75,7 +75,9 @@ def learner_spec(
     share, auto_checkpoints = trainer.resources.num_gpus, trainer.gradient_checkpointing == "auto"
     # on a GPU, `auto` settings and the snapshot's place come from the memory plan, finished on
     # the learner's device
-    backtracks = settings.trust_region.enabled
+    backtracks = (
+        settings.trust_region.enabled and not config.plan.agents[agent_index].shares_devices
+    )
     planned = device == "cuda" and (max_tokens == "auto" or auto_checkpoints or backtracks)
     update = agent_update(config, agent_index, PROMPT_TOKENS, model_path) if planned else None
     choices = checkpoint_choices(update, share) if update and auto_checkpoints else None

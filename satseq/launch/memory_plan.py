@@ -354,7 +354,8 @@ def learner_phase(
         update = dataclasses.replace(update, checkpoint_every=every)
         chosen.append(stride_name(every))
     reserved = 0.0  # the snapshot's bytes on the device
-    backtracks = run.algorithm.name == "sat_seq"
+    # under the trust region, and never on a device the learner lends between its updates
+    backtracks = run.algorithm.name == "sat_seq" and not run.plan.agents[i].shares_devices
     if backtracks and share and snapshot_on_device(at_stride, update.snapshot_bytes, device_bytes):
         update = dataclasses.replace(update, snapshot_on_device=True)
         reserved = update.snapshot_bytes

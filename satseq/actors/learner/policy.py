@@ -100,7 +100,7 @@ class AgentPolicy:
             every, at_stride = spec.checkpoint_choices.choose(device_bytes)
             budget = at_stride if budget is not None else None
         snapshot = 0.0  # the bytes the snapshot takes on the device
-        if spec.trust_region.enabled:
+        if spec.trust_region.enabled and spec.offload == "none":  # offload: the device is lent
             trained = sum(param.numel() for param in self.model.parameters() if param.requires_grad)
             snapshot = snapshot_bytes(trained, spec.workers)
             if not snapshot_on_device(at_stride, snapshot, device_bytes):

@@ -89,7 +89,8 @@ def snapshot_on_device(budget: TokenBudget | None, snapshot: float, device_bytes
     """Whether the trust region's backtracking snapshot (`snapshot` bytes) is kept on a device
     of `device_bytes` rather than in host memory: where it is small, or where the plan's
     `budget` (at the chosen stride) still holds a configured micro-batch beside it. It never
-    makes a micro-batch smaller than configured, nor makes more layers checkpointed."""
+    makes a micro-batch smaller than configured, nor makes more layers checkpointed; a learner
+    that lends its device between updates (`offload: idle_agents`) keeps it in host memory."""
     if snapshot <= SMALL_SNAPSHOT * device_bytes:
         return True
     return budget is not None and budget.tokens(device_bytes, snapshot) >= max(budget.wanted, 1)
