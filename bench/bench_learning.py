@@ -5,10 +5,10 @@ evaluation makes it the same for every seed) and after the last stage with `sats
 seeds, the held-out team vote, the best single agent, the problems gained and lost, McNemar's
 exact p and the 95 % interval of the vote's change (`satseq.evaluation.compare.PooledVotes`),
 and the tokens the engines generated (runs are compared at equal generated tokens); writes each
-seed's record to `--results` (JSON lines) and the training curves (reward per stage, the mean
-over seeds) to a PNG beside it. A record holds all the report needs (the paired counts, the
-curve, and the team's vote on each problem), so `--report` reads no scratch directory: keep the
-records under bench/results/. Not a timed test: it prints numbers.
+seed's record to `--results` (JSON lines) and the training curves of every record there (reward
+per stage, the mean over seeds) to a PNG beside it. A record holds all the report needs (the
+paired counts, the curve, and the team's vote on each problem), so `--report` reads no scratch
+directory: keep the records under bench/results/. Not a timed test: it prints numbers.
 
     python bench/bench_learning.py --run "sat_seq=configs/smollm2.yaml" \\
         --run "grpo=configs/smollm2_grpo.yaml" \\
@@ -234,6 +234,10 @@ def print_table(records: list[dict]) -> None:
             print(f"{first[0]} against {label}: {against.describe()}")
 
 
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
 def plot_curves(records: list[dict], path: Path) -> None:
     """Reward per stage, the mean over each run's seeds, one line a run (the seeds with a
     curve); nothing drawn when no record has one."""
@@ -290,7 +294,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.report:
-        records = [json.loads(line) for line in args.results.read_text().splitlines() if line]
+        records = read_records(args.results)
         print_table(records)
         plot_curves(records, args.results.with_suffix(".png"))
         return
@@ -311,7 +315,8 @@ def main() -> None:
             with args.results.open("a") as results:
                 results.write(json.dumps(records[-1]) + "\n")
     print_table(records)
-    plot_curves(records, args.results.with_suffix(".png"))
+    # the PNG is --results's: every record there, earlier invocations' seeds too
+    plot_curves(read_records(args.results), args.results.with_suffix(".png"))
 
 
 if __name__ == "__main__":
