@@ -90,6 +90,19 @@ def eval_flags(run_: Run) -> list[str]:
     ]
 
 
+def base_team_settings(run_: Run) -> list[str]:
+    """The overrides its base team is scored with: the run's, and its first agent alone when
+    every agent starts as the same model (the same settings but the name), sees the same prompt
+    (the mixture topology) and the evaluation is greedy, so each would give the same answers:
+    the vote of identical answers is that answer, at a third of the generation for three."""
+    config = load_config(run_.config, settings(run_))
+    first, *others = [agent.model_dump(exclude={"name"}) for agent in config.team.agents]
+    alike = config.team.topology == "mixture" and all(agent == first for agent in others)
+    if config.eval.temperature > 0 or not alike:
+        return run_.overrides
+    return [*run_.overrides, f"team.agents=[{json.dumps(config.team.agents[0].model_dump())}]"]
+
+
 def training_settings(config: RunConfig) -> dict:
     """The resolved config but for what does not change the trained weights: when checkpoints
     are written (`trainer.save_every`) and how a team is scored (`eval`)."""
@@ -305,7 +318,7 @@ def main() -> None:
     for run_ in args.runs:
         base_eval = root / run_.label / "eval_base"
         if not (args.reuse and (base_eval / "summary.json").is_file()):
-            base = base_team(run_.config, run_.overrides, root / run_.label)
+            base = base_team(run_.config, base_team_settings(run_), root / run_.label)
             eval_summary(base, base_eval, root / run_.label / "eval_base.log",
                          *eval_flags(run_), dataset=args.dataset)  # fmt: skip
         for seed in args.seeds:

@@ -135,3 +135,14 @@ def test_reuse_keeps_only_a_run_trained_with_the_same_settings_to_its_last_stage
     flags = bench.eval_flags(run)
     assert flags[flags.index("eval.synthetic_problems=1000") - 1] == "--set"
     assert "eval.merge_lora=false" in flags  # JSON, which YAML reads back as it was
+
+
+def test_a_base_team_of_one_model_scored_greedily_is_scored_as_its_first_agent(bench):
+    lora = bench.parse_run("lora=configs/smollm2_lora.yaml")
+    (alone,) = bench.load_config(lora.config, bench.base_team_settings(lora)).team.agents
+    assert alone.name == "a0" and alone.path == "builtin:smollm2-135m"
+    sampled = bench.parse_run("lora=configs/smollm2_lora.yaml eval.temperature=0.6")
+    other = bench.parse_run("two=configs/smollm2.yaml team.agents.1.path=builtin:tiny")
+    chain = bench.parse_run("chain=configs/smollm2.yaml team.topology=chain")
+    for run in (sampled, other, chain):  # each agent may answer differently: all of them scored
+        assert bench.base_team_settings(run) == run.overrides

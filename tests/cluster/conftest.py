@@ -5,13 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.runs import (
-    SPO_STAGES,
-    STRAIGHT_STAGES,
-    run_env,
-    spo_run_args,
-    train_command,
-)
+from tests.cluster.runs import STRAIGHT_STAGES, run_env, train_command
 from tests.run_once import built_once
 
 
@@ -29,15 +23,3 @@ def straight_run(tmp_path_factory, builtin_models) -> Path:
         subprocess.run(command, check=True, timeout=600, env=env)
 
     return built_once(tmp_path_factory, "straight", train)
-
-
-@pytest.fixture(scope="session")
-def spo_run(tmp_path_factory, builtin_models) -> Path:
-    """An uninterrupted SPO run of SPO_STAGES stages with offline priors: what `test_train_spo`
-    checks."""
-
-    def train(root: Path) -> None:
-        command = train_command(root / "run", SPO_STAGES, *spo_run_args(root))
-        subprocess.run(command, check=True, timeout=600, env=run_env())
-
-    return built_once(tmp_path_factory, "spo", train) / "run"

@@ -29,7 +29,7 @@ SPO_RUN = [
     "--set", "eval.synthetic_problems=32",  # validation: level 1 holds ~175 test problems
     "--set", "team.agents=[{name: a0, path: 'builtin:tiny'}, {name: a1, path: 'builtin:tiny'}]",
 ]  # fmt: skip
-SPO_STAGES = 4  # the shared SPO run's (`spo_run`): revisited prompts from stage 2 on
+SPO_STAGES = 4  # test_train_spo's SPO run: revisited prompts from stage 2 on
 
 
 def train_command(output_dir: Path, stages: int, *extra: str) -> list[str]:

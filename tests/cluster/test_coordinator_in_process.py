@@ -119,6 +119,22 @@ def test_a_token_budget_ends_the_run_after_the_stage_that_spends_it(config, stra
     assert_same_weights(run, straight)
 
 
+def test_an_agent_without_trajectories_in_a_stage_certifies_nothing_and_the_stage_runs(
+    builtin_models, tmp_path
+):
+    """Three agents, one prompt a stage with 2 samples (agents a0 and a1): a2 has no training
+    rows, so no epoch ran and its check measured nothing (the update's sequence KLs are None):
+    its certified level is the bound on no prompts, 1, and the others' are below it."""
+    model_path = load_config(QUICKSTART).team.agents[0].path
+    agents = ", ".join(f"{{name: a{i}, path: '{model_path}'}}" for i in range(3))
+    overrides = ["sat_seq.group_size=2", "trainer.batch_size=1", "trainer.stages=1"]
+    config = short_run(f"team.agents=[{agents}]", *overrides)
+    train(config, tmp_path, 1)
+    (metrics,) = read_metrics(tmp_path)
+    assert metrics["trust/certified_alpha/a2"] == 1.0
+    assert metrics["trust/certified_alpha/a0"] < 1.0 and metrics["trust/certified_alpha/a1"] < 1.0
+
+
 def test_a_run_ends_at_its_stages_or_when_its_tokens_reach_the_budget():
     trainer = TrainerConfig(stages=STAGES)
     assert not trainer.run_ends(2, 10**9) and trainer.run_ends(STAGES, 0)  # no budget

@@ -1,18 +1,24 @@
-"""SPO and GRPO end to end on the tiny model: the real `satseq train` on a real Ray instance."""
+"""SPO and GRPO stages on the tiny model, the coordinator's whole stage loop in this process
+(`start_in_process`): their metrics. On Ray they train in tests/offline/test_train_script.py
+(SPO, `scripts/train.sh`) and tests/e2e/test_smollm2.py (GRPO, `configs/smollm2_grpo.yaml`)."""
 
-import subprocess
-
-import pytest
-
-from tests.cluster.runs import read_metrics, run_env, train_command
-
-pytestmark = pytest.mark.slow
+from satseq.config import QUICKSTART, load_config
+from tests.cluster.runs import SHORT_RUN, SPO_STAGES, read_metrics, spo_run_args
+from tests.cluster.test_coordinator_in_process import train
 
 
-def test_spo_runs_with_offline_priors_kl_forgetting_and_its_metrics(spo_run):
-    """`spo_run`: offline scores for 6 of the 8 prompts; the other 2 start at Beta(0.5, 0.5)
-    and are counted."""
-    metrics = read_metrics(spo_run)
+def short_run(stages: int, *extra: str):
+    """The quickstart as `train_command` shortens it (SHORT_RUN), `stages` stages, then
+    `extra` (`--set KEY=VALUE` arguments)."""
+    overrides = [arg for arg in [*SHORT_RUN, *extra] if arg != "--set"]
+    return load_config(QUICKSTART, [*overrides, f"trainer.stages={stages}"])
+
+
+def test_spo_runs_with_offline_priors_kl_forgetting_and_its_metrics(builtin_models, tmp_path):
+    """Offline scores for 6 of the 8 prompts; the other 2 start at Beta(0.5, 0.5) and are
+    counted."""
+    train(short_run(SPO_STAGES, *spo_run_args(tmp_path)), tmp_path / "run", SPO_STAGES)
+    metrics = read_metrics(tmp_path / "run")
     assert [m["stage"] for m in metrics] == [0, 1, 2, 3]
     for m in metrics:
         assert m["spo/prompts_without_prior"] == 2
@@ -27,15 +33,10 @@ def test_spo_runs_with_offline_priors_kl_forgetting_and_its_metrics(spo_run):
     assert min(m["spo/rho_mean"] for m in metrics[1:]) < 0.96
 
 
-def test_grpo_runs_with_group_metrics(tmp_path, builtin_models):
-    output_dir = tmp_path / "grpo"
-    subprocess.run(
-        train_command(output_dir, 2, "--set", "algorithm.name=grpo", "--set", "grpo.group_size=4"),
-        check=True,
-        timeout=600,
-        env=run_env(),
-    )
-    metrics = read_metrics(output_dir)
+def test_grpo_runs_with_group_metrics(builtin_models, tmp_path):
+    config = short_run(2, "--set", "algorithm.name=grpo", "--set", "grpo.group_size=4")
+    train(config, tmp_path, 2)
+    metrics = read_metrics(tmp_path)
     assert [m["stage"] for m in metrics] == [0, 1]
     for m in metrics:
         # 4 prompts × 3 agents = 12 groups, so the fraction is a multiple of 1/12

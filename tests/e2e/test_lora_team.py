@@ -1,7 +1,9 @@
 """A LoRA team end to end (design §12): `satseq train configs/smollm2_lora.yaml`, shrunk to one
-small stage, trains three SmolLM2-135M adapters on one vLLM engine; each agent's saved stage is
-an adapter directory that peft and vLLM load; `satseq eval` scores the team and `satseq serve`
-answers `/predict` with one engine for the three agents.
+small stage, trains three SmolLM2-135M adapters, each generating on an engine of its own with its
+adapter merged in (`rollout.lora_engines: merged`); each agent's saved stage is an adapter
+directory that peft and one shared multi-LoRA vLLM engine load; `satseq eval` scores the team
+(the adapters merged, `eval.merge_lora`) and `satseq serve` answers `/predict` with one engine
+for the three agents.
 
 Memory: the config's own first 2 stages peak at 5.7 GB (the sum of the run's processes'
 proportional set sizes, `bench/bench_lora_team.py`), this smaller stage below that, against
@@ -17,6 +19,7 @@ import httpx
 import pytest
 import ray
 import torch
+import yaml
 from peft import PeftModel
 from ray import serve
 
@@ -93,6 +96,9 @@ def test_eval_scores_the_lora_team(trained, tmp_path):
     assert summary["num_problems"] == 3 and sorted(summary["per_agent"]) == AGENTS
     predictions = [json.loads(p) for p in (out / "predictions.jsonl").read_text().splitlines()]
     assert all(sorted(p["individual_answers"]) == AGENTS for p in predictions)
+    scored = yaml.safe_load((out / "inference_config.yaml").read_text())["agents"]
+    assert all(is_adapter_dir(scored[name]["path"]) for name in AGENTS)
+    assert all(not is_adapter_dir(scored[name]["merged"]) for name in AGENTS)  # eval.merge_lora
 
 
 def test_a_served_lora_team_answers_predict_from_one_engine(trained):

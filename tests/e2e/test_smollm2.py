@@ -177,7 +177,7 @@ def trained(tmp_path_factory) -> Path:
     return out
 
 
-def test_a_sat_seq_stage_writes_metrics_and_loadable_agents(trained, engines, im_end):
+def test_a_sat_seq_stage_writes_metrics_and_loadable_agents(trained, im_end):
     (metrics,) = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
     assert metrics["stage"] == 0
     for name in ("a0", "a1"):

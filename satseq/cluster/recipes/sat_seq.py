@@ -236,6 +236,8 @@ class SatSeqRecipe(Recipe):
         1 − η on the share of prompts (rows // G) with a sequence KL > target_kl, over the
         rows its check measured."""
         kl_ctrl = self.config.algorithm.kl_ctrl
+        if stats.sequence_kl is None:  # nothing measured (no training rows this stage): n = 0
+            return 1.0
         measured = ~stats.sequence_kl.isnan()
         units = torch.tensor(rows) // self.config.sat_seq.group_size
         return certified_alpha(
