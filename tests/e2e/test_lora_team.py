@@ -5,9 +5,9 @@ directory that peft and one shared multi-LoRA vLLM engine load; `satseq eval` sc
 (the adapters merged, `eval.merge_lora`) and `satseq serve` answers `/predict` with one engine
 for the three agents.
 
-Memory: the config's own first 2 stages peak at 5.7 GB (the sum of the run's processes'
-proportional set sizes, `bench/bench_lora_team.py`), this smaller stage below that, against
-~15 GB for two full agents in tests/e2e/test_smollm2.py.
+Memory: the config's own first 2 stages peaked at 5.7 GB on one shared engine (the sum of the
+run's processes' proportional set sizes, `bench/bench_lora_team.py`; merged engines: not
+measured), against ~15 GB for two full agents in tests/e2e/test_smollm2.py.
 """
 
 from __future__ import annotations
