@@ -7,7 +7,7 @@ from tests.cluster.runs import SHORT_RUN, SPO_STAGES, read_metrics, spo_run_args
 from tests.cluster.test_coordinator_in_process import train
 
 
-def short_run(stages: int, *extra: str):
+def short_quickstart(stages: int, *extra: str):
     """The quickstart as `train_command` shortens it (SHORT_RUN), `stages` stages, then
     `extra` (`--set KEY=VALUE` arguments)."""
     overrides = [arg for arg in [*SHORT_RUN, *extra] if arg != "--set"]
@@ -17,7 +17,7 @@ def short_run(stages: int, *extra: str):
 def test_spo_runs_with_offline_priors_kl_forgetting_and_its_metrics(builtin_models, tmp_path):
     """Offline scores for 6 of the 8 prompts; the other 2 start at Beta(0.5, 0.5) and are
     counted."""
-    train(short_run(SPO_STAGES, *spo_run_args(tmp_path)), tmp_path / "run", SPO_STAGES)
+    train(short_quickstart(SPO_STAGES, *spo_run_args(tmp_path)), tmp_path / "run", SPO_STAGES)
     metrics = read_metrics(tmp_path / "run")
     assert [m["stage"] for m in metrics] == [0, 1, 2, 3]
     for m in metrics:
@@ -34,7 +34,7 @@ def test_spo_runs_with_offline_priors_kl_forgetting_and_its_metrics(builtin_mode
 
 
 def test_grpo_runs_with_group_metrics(builtin_models, tmp_path):
-    config = short_run(2, "--set", "algorithm.name=grpo", "--set", "grpo.group_size=4")
+    config = short_quickstart(2, "--set", "algorithm.name=grpo", "--set", "grpo.group_size=4")
     train(config, tmp_path, 2)
     metrics = read_metrics(tmp_path)
     assert [m["stage"] for m in metrics] == [0, 1]

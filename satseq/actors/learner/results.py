@@ -16,7 +16,8 @@ class UpdateResult:
     the agent holds afterwards (the stage-start ones where every epoch was rejected); None, and
     kl_quantile NaN, where the epochs were not measured (`TrustRegionSpec.measure`).
     sequence_kl [N]: each row's KL(π_θ ‖ π_cur) under those weights, for the rows the check
-    measured (NaN for the others, +inf where it is not finite); None where not measured.
+    measured (NaN for the others, +inf where it is not finite); None where not measured or
+    where no epoch ran (no training rows).
     steps: each epoch's trust-region outcome. loss, clip_fraction, kl_penalty (β·KL, mean over
     its optimiser steps) and ratio_max: of the last attempt of the last epoch.
     optimizer_steps: the optimiser steps of the epochs that were kept; skipped_steps: steps
