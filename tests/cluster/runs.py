@@ -2,10 +2,12 @@
 
 import json
 import os
+import random
 import sys
 from pathlib import Path
 
 from satseq.actors.sharding import free_address
+from satseq.config import QUICKSTART, RunConfig, load_config
 from satseq.data import make_split
 from satseq.offline import write_offline_values
 
@@ -43,6 +45,39 @@ def train_command(output_dir: Path, stages: int, *extra: str) -> list[str]:
         str(output_dir),
         *extra,
     ]
+
+
+def short_quickstart(stages: int, *extra: str) -> RunConfig:
+    """The quickstart as `train_command` shortens it (SHORT_RUN), `stages` stages, then
+    `extra` (`--set KEY=VALUE` arguments)."""
+    overrides = [arg for arg in [*SHORT_RUN, *extra] if arg != "--set"]
+    return load_config(QUICKSTART, [*overrides, f"trainer.stages={stages}"])
+
+
+def train(config: RunConfig, output_dir: Path, until_stage: int, resume: bool = False) -> int:
+    """Stages up to `until_stage` in this process (`start_in_process`, no Ray), from a seeded
+    start as a fresh process has; the stage it started at. The coordinator is closed."""
+    import numpy as np
+    import torch
+
+    from satseq.cluster.coordinator import Coordinator
+    from satseq.cluster.team import start_in_process
+
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    coordinator = Coordinator(config, str(output_dir), resume, start_team=start_in_process)
+    started_at = coordinator.stage
+    while coordinator.stage < until_stage and not coordinator.finished():
+        coordinator.run_stage()
+    coordinator.close()
+    return started_at
+
+
+def in_process_run(output_dir: Path, stages: int, *extra: str) -> Path:
+    """`train_command(output_dir, stages, *extra)`'s run trained in this process: its metrics
+    and weights are the Ray run's, bit for bit (test_coordinator_in_process holds the two to
+    each other), at a fraction of the cost (no Ray instance, no actor processes to start)."""
+    train(short_quickstart(stages, *extra, "--set", "output.trackers=[]"), output_dir, stages)
+    return output_dir
 
 
 def spo_run_args(root: Path) -> list[str]:

@@ -3,21 +3,24 @@ checkpoints and resume, in seconds where the SIGKILL tests (`test_train_resume`)
 each recipe's resume state (GAE's value heads, SPO's trackers and draw); and a resume from
 `output.storage` on a real S3 server when the outputs dir lost them."""
 
-import random
 import shutil
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from satseq.cluster.checkpoint import run_storage
-from satseq.cluster.coordinator import Coordinator
 from satseq.cluster.metric_keys import RUN_TOKENS, stage_tokens
-from satseq.cluster.team import start_in_process
 from satseq.config import QUICKSTART, load_config
 from satseq.config.trainer import TrainerConfig
-from tests.cluster.runs import read_metrics, spo_run_args, without_timings
+from tests.cluster.runs import (
+    STRAIGHT_STAGES,
+    in_process_run,
+    read_metrics,
+    spo_run_args,
+    train,
+    without_timings,
+)
 
 STAGES = 3
 
@@ -47,18 +50,6 @@ def config(builtin_models):
     return short_run()
 
 
-def train(config, output_dir, until_stage, resume=False):
-    """Stages up to `until_stage` in this process, from a seeded start as a fresh process has;
-    the coordinator, closed."""
-    random.seed(0), np.random.seed(0), torch.manual_seed(0)
-    coordinator = Coordinator(config, str(output_dir), resume, start_team=start_in_process)
-    started_at = coordinator.stage
-    while coordinator.stage < until_stage and not coordinator.finished():
-        coordinator.run_stage()
-    coordinator.close()
-    return started_at
-
-
 @pytest.fixture(scope="module")
 def straight(config, tmp_path_factory):
     """The uninterrupted run's outputs directory."""
@@ -67,21 +58,31 @@ def straight(config, tmp_path_factory):
     return run
 
 
-def assert_same_run(resumed, straight):
+def assert_same_run(resumed, straight, agents=("a0", "a1"), stages=STAGES):
     """The same metrics (timings aside) and the same last weights, bit for bit."""
     assert [without_timings(m) for m in read_metrics(resumed)] == [
         without_timings(m) for m in read_metrics(straight)
     ]
-    assert_same_weights(resumed, straight)
+    assert_same_weights(resumed, straight, agents, stages)
 
 
-def assert_same_weights(resumed, straight):
+def assert_same_weights(resumed, straight, agents=("a0", "a1"), stages=STAGES):
     """The same last weights, bit for bit."""
-    for agent in ("a0", "a1"):
-        last = f"agent_{agent}/stage_{STAGES - 1}/model.safetensors"
+    for agent in agents:
+        last = f"agent_{agent}/stage_{stages - 1}/model.safetensors"
         expected, found = load_file(straight / last), load_file(resumed / last)
         assert expected.keys() == found.keys()
         assert all(torch.equal(expected[name], found[name]) for name in expected)
+
+
+def test_the_in_process_runtime_trains_the_ray_runs_metrics_and_weights_bit_for_bit(
+    straight_run, tmp_path
+):
+    """The shared Ray run (`satseq train`: a coordinator actor, a learner actor per agent, a
+    rollout actor) and the same config trained here: what lets the fault tests compare their
+    killed Ray runs with references trained in process (`in_process_run`)."""
+    in_process = in_process_run(tmp_path, STRAIGHT_STAGES)
+    assert_same_run(in_process, straight_run, ("a0", "a1", "a2"), STRAIGHT_STAGES)
 
 
 def test_a_run_stopped_after_a_stage_resumes_to_the_uninterrupted_runs_metrics_and_weights(

@@ -16,6 +16,7 @@ import pytest
 
 from tests.cluster.runs import (
     STRAIGHT_STAGES,
+    in_process_run,
     read_metrics,
     run_env,
     train_command,
@@ -114,10 +115,7 @@ def test_overlapped_stages_survive_a_rollout_actor_killed_while_generating_ahead
     generated while this stage's learners update. A rollout actor killed then fails that
     generation; the stage is retried from its checkpoint, whose queue holds what stage 0
     generated ahead, and the run's metrics are those of the uninterrupted overlapped run."""
-    reference = tmp_path / "reference"
-    subprocess.run(
-        train_command(reference, STRAIGHT_STAGES, *OVERLAPPED), check=True, env=run_env()
-    )
+    reference = in_process_run(tmp_path / "reference", STRAIGHT_STAGES, *OVERLAPPED)
     driver = start_run(tmp_path / "killed", *OVERLAPPED)
     wait_for_stages(tmp_path / "killed", 1, driver)
     os.kill(wait_for_process(driver, "ray::RolloutWorker.generate"), signal.SIGKILL)
@@ -266,8 +264,7 @@ def test_the_lora_learners_shared_process_killed_mid_call_restores_every_agent_i
     learner runs. Killed in stage 1 mid-call, it takes all three agents' learners with it: Ray
     restarts it, every agent is restored from stage 0's checkpoint, and the run's metrics are
     the uninterrupted run's."""
-    reference = tmp_path / "reference"
-    subprocess.run(train_command(reference, 2, *ONE_BASE_LORA), check=True, env=run_env())
+    reference = in_process_run(tmp_path / "reference", 2, *ONE_BASE_LORA)
     killed = tmp_path / "killed"
     driver = start_run(killed, *ONE_BASE_LORA, stages=2)
     wait_for_stages(killed, 1, driver)

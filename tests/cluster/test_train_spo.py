@@ -2,16 +2,7 @@
 (`start_in_process`): their metrics. On Ray they train in tests/offline/test_train_script.py
 (SPO, `scripts/train.sh`) and tests/e2e/test_smollm2.py (GRPO, `configs/smollm2_grpo.yaml`)."""
 
-from satseq.config import QUICKSTART, load_config
-from tests.cluster.runs import SHORT_RUN, SPO_STAGES, read_metrics, spo_run_args
-from tests.cluster.test_coordinator_in_process import train
-
-
-def short_quickstart(stages: int, *extra: str):
-    """The quickstart as `train_command` shortens it (SHORT_RUN), `stages` stages, then
-    `extra` (`--set KEY=VALUE` arguments)."""
-    overrides = [arg for arg in [*SHORT_RUN, *extra] if arg != "--set"]
-    return load_config(QUICKSTART, [*overrides, f"trainer.stages={stages}"])
+from tests.cluster.runs import SPO_STAGES, read_metrics, short_quickstart, spo_run_args, train
 
 
 def test_spo_runs_with_offline_priors_kl_forgetting_and_its_metrics(builtin_models, tmp_path):

@@ -3,7 +3,8 @@
 `group.weight_buckets.options(num_returns="streaming").remote(...)`).
 
 A call goes to every rank (they meet in the collectives inside it) and its result is rank 0's,
-once every rank has answered, so a rank's failure fails the call. `ready` (re-)forms the ranks'
+once every rank has answered (`LearnerRank.first_of`, queued on rank 0 after the call), so a
+rank's failure fails the call. `ready` (re-)forms the ranks'
 process group first: Ray restarts a dead rank by re-running its constructor, outside the old
 group, so after a loss every rank joins a new one (and rebuilds its learner, whose state the
 caller then loads).
@@ -32,12 +33,6 @@ from satseq.actors.learner.specs import LearnerSpec
 RAY_CALLS = RayCalls()
 
 
-@ray.remote(num_cpus=0)
-def _rank_zero(*results: Any) -> Any:
-    """Rank 0's result, once every rank's is in (Ray resolves them before this runs)."""
-    return results[0]
-
-
 class LearnerGroup(RemoteLearner):
     """An agent's learner ranks, called as one learner."""
 
@@ -57,7 +52,7 @@ class LearnerGroup(RemoteLearner):
         calls = [getattr(rank, method).options(**options).remote(*args) for rank in self.ranks]
         if options.get("num_returns") == "streaming":
             return _rank_zero_stream(calls)
-        return _rank_zero.remote(*calls)
+        return self.rank_zero(calls)
 
     def form(self) -> Any:
         """(Re-)form the ranks' process group; rank 0's answer to `join_group`."""
@@ -66,7 +61,11 @@ class LearnerGroup(RemoteLearner):
         self.formed = [  # each after its join
             RAY_CALLS.start(rank, LearnerRank.incarnation) for rank in self.ranks
         ]
-        return _rank_zero.remote(*joined)
+        return self.rank_zero(joined)
+
+    def rank_zero(self, results: list[Any]) -> Any:
+        """Rank 0's result, pending until every rank's is in."""
+        return RAY_CALLS.start(self.ranks[0], LearnerRank.first_of, *results)
 
     def check_formed(self) -> None:
         """Raise ActorRestarted for a rank that Ray restarted since the group formed."""

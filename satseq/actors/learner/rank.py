@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from satseq.actors.learner.learner import Learner
@@ -27,3 +29,10 @@ class LearnerRank(Learner):
         join_group(address, ShardGroup(spec.rank, spec.workers), torch.device(spec.device))
         Learner.__init__(self, spec)
         return True
+
+    def first_of(self, *results: Any) -> Any:
+        """Rank 0's result of a call that every rank answered (`LearnerGroup`): the ranks'
+        results are its arguments, so it runs once they are all in, and a rank's error fails
+        it. Called on rank 0, whose process has them deserialised in no time (a Ray task would
+        start a process of its own to hold them)."""
+        return results[0]
