@@ -24,7 +24,8 @@ def model_build_tiny(
     seed: int = 0,
     warm_start_steps: Annotated[int | None, typer.Option(help="override the size's steps")] = None,
 ) -> None:
-    """Build the embedded tiny Qwen2 model (tokenizer, chat template, warm start)."""
+    """Build the embedded tiny Qwen2 model (tokenizer, chat template, warm start); a builtin
+    model's settings (the defaults: builtin:tiny's) are copied from the model cache."""
     from satseq.models import TinyModelError, build_tiny_model
 
     try:

@@ -4,6 +4,7 @@ tiny model."""
 from satseq.models.cache import (
     BUILTIN_MODELS,
     UnknownBuiltinModelError,
+    build_tiny_model,
     builtin_dir,
     default_cache_dir,
     resolve_builtin,
@@ -26,7 +27,6 @@ from satseq.models.tiny import (
     TINY_SIZES,
     TinyBuildConfig,
     TinyModelError,
-    build_tiny_model,
     tiny_build_config,
 )
 

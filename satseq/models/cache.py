@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from satseq.models.corpus import Variant
 from satseq.models.teacher import QUICKSTART_TEACHERS
 from satseq.models.tiny import TinyBuildConfig, tiny_build_config, write_tiny_model
 
@@ -72,6 +73,28 @@ def resolve_builtin(name: str, cache_dir: str | Path | None = None) -> Path:
         write_tiny_model(config, out_dir)
 
     return cached_build(directory, build)
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    size: str = "quickstart",
+    variant: Variant = "steps",
+    seed: int = 0,
+    warm_start_steps: int | None = None,
+) -> Path:
+    """Build a tiny model into `out_dir` (created if missing) and return its path.
+
+    `variant="tool"` warm-starts on tool-use solutions asked with `TOOL_PROMPT_FORMAT`'s
+    instruction. The quickstart size takes about a minute on one CPU core. A builtin model's
+    build config (the defaults are `builtin:tiny`'s) is built once into the model cache and
+    copied from there: equal configs build equal models.
+    """
+    config = tiny_build_config(size, variant, seed, warm_start_steps)
+    builtin = next((name for name, known in BUILTIN_MODELS.items() if known == config), None)
+    if builtin is None:
+        return write_tiny_model(config, out_dir)
+    shutil.copytree(resolve_builtin(builtin), out_dir, dirs_exist_ok=True)
+    return Path(out_dir)
 
 
 def cached_build(directory: Path, build: Callable[[Path], object]) -> Path:

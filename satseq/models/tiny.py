@@ -1,6 +1,6 @@
 """The embedded tiny model (design §9): a small Qwen2 causal LM that the project builds itself.
 
-`build_tiny_model` trains the tokenizer on the synthetic task's text, initialises a
+`write_tiny_model` trains the tokenizer on the synthetic task's text, initialises a
 `Qwen2ForCausalLM` from the seed, warm-starts it on the quickstart task's solutions, and saves
 model and tokenizer with `save_pretrained` (safetensors). The directory then loads unchanged in
 transformers and vLLM, like any Hugging Face checkpoint.
@@ -203,21 +203,6 @@ def tiny_build_config(
     return TinyBuildConfig(
         size, variant, seed, tiny_size.architecture, warm_start_config, teacher=teacher
     )
-
-
-def build_tiny_model(
-    out_dir: str | Path,
-    size: str = "quickstart",
-    variant: Variant = "steps",
-    seed: int = 0,
-    warm_start_steps: int | None = None,
-) -> Path:
-    """Build a tiny model into `out_dir` (created if missing) and return its path.
-
-    `variant="tool"` warm-starts on tool-use solutions asked with `TOOL_PROMPT_FORMAT`'s
-    instruction. The quickstart size takes under a minute on one CPU core.
-    """
-    return write_tiny_model(tiny_build_config(size, variant, seed, warm_start_steps), out_dir)
 
 
 def write_tiny_model(config: TinyBuildConfig, out_dir: str | Path) -> Path:

@@ -14,6 +14,7 @@ from satseq.models import (
     TinyModelError,
     build_tiny_model,
     load_policy,
+    resolve_builtin,
     tiny_build_config,
 )
 from satseq.models.corpus import tokenizer_corpus
@@ -116,6 +117,16 @@ def test_short_build_is_deterministic(tmp_path):
         weights[0]["model.embed_tokens.weight"], weights[2]["model.embed_tokens.weight"]
     )
     assert (first / "tokenizer.json").read_bytes() == (second / "tokenizer.json").read_bytes()
+
+
+def test_a_builtin_models_settings_are_copied_from_the_model_cache(builtin_models, tmp_path):
+    """The defaults are builtin:tiny's build config: its cached directory, copied file for
+    file (the manifest's build time included, which a new build would write anew)."""
+    built = build_tiny_model(tmp_path / "my-model")
+    cached = resolve_builtin("builtin:tiny")
+    names = sorted(path.name for path in cached.iterdir())
+    assert names == sorted(path.name for path in built.iterdir()) and BUILD_MANIFEST in names
+    assert all((built / name).read_bytes() == (cached / name).read_bytes() for name in names)
 
 
 def test_carry_variant_learns_from_a_teacher(tmp_path):
