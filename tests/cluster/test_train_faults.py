@@ -214,9 +214,7 @@ def test_a_node_removed_mid_run_and_its_files_lost_the_run_finishes_and_resumes_
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, **loopback})
     doomed = cluster.add_node(num_cpus=2, **loopback)  # the whole team's placement group fits
     on_cluster = ("--set", f"output.storage={tmp_path / 'storage'}", "--address", cluster.address)
-    # long enough that the removal lands mid-run: adding the spare node takes seconds, and a stage
-    # of this run well under one once checkpoints no longer pass through the coordinator
-    stages = 10 * STRAIGHT_STAGES
+    stages = 2 * STRAIGHT_STAGES  # the removal lands in stage 1 or 2: the coordinator is held
     driver = subprocess.Popen(
         train_command(run, stages, *on_cluster),
         env=env,
@@ -226,13 +224,21 @@ def test_a_node_removed_mid_run_and_its_files_lost_the_run_finishes_and_resumes_
         text=True,
     )
     try:
+        # the coordinator (no resources) runs beside the driver, on the head node; it is held
+        # (SIGSTOP) from the end of stage 0 until the node is gone, so that the removal lands
+        # mid-run however long adding the spare node takes and however fast the stages go
+        coordinator = wait_for_process(
+            driver, "ray::Coordinator", root=raylet_pid(cluster.head_node)
+        )
         wait_for_stages(run, 1, driver)
-        cluster.add_node(num_cpus=2, **loopback)  # where the team goes once `doomed` is gone
-        # the coordinator (no resources) runs beside the driver, on the head node
-        wait_for_process(driver, "ray::Coordinator", root=raylet_pid(cluster.head_node))
-        # the rollout actor is a process of the doomed node; stage 1 or later is running
-        wait_for_process(driver, "ray::RolloutWorker", root=raylet_pid(doomed))
-        cluster.remove_node(doomed)
+        os.kill(coordinator, signal.SIGSTOP)
+        try:
+            cluster.add_node(num_cpus=2, **loopback)  # where the team goes once `doomed` is gone
+            # the rollout actor is a process of the doomed node
+            wait_for_process(driver, "ray::RolloutWorker", root=raylet_pid(doomed))
+            cluster.remove_node(doomed)
+        finally:
+            os.kill(coordinator, signal.SIGCONT)
         started = time.monotonic()
         finish(driver)
         metrics = read_metrics(run)
