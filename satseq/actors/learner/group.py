@@ -4,10 +4,9 @@
 
 A call goes to every rank (they meet in the collectives inside it) and its result is rank 0's,
 once every rank has answered (`LearnerRank.first_of`, queued on rank 0 after the call), so a
-rank's failure fails the call. `ready` (re-)forms the ranks'
-process group first: Ray restarts a dead rank by re-running its constructor, outside the old
-group, so after a loss every rank joins a new one (and rebuilds its learner, whose state the
-caller then loads).
+rank's failure fails the call. `ready` (re-)forms the ranks' process group first: Ray restarts
+a dead rank by re-running its constructor, outside the old group, so after a loss every rank
+joins a new one (and rebuilds its learner, whose state the caller then loads).
 
 A rank killed *between* calls fails no call: Ray restarts it outside the group, and a call
 reaching it would leave the other ranks waiting in their collectives for it. So every call
