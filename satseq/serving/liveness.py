@@ -13,18 +13,22 @@ A replica is suspected lost
   Serve's controller reports the deployment UNHEALTHY with no RUNNING replica (the replica
   died between calls: the router holds the new ones without an error).
 
-Then the agent is probed (`ready`): if it answers within RETRY_GRACE_S (another replica took
+Then the agent is probed (`ready`): if it answers within its grace (another replica took
 over), nothing changes but that the calls which lost their replica are sent again, once;
 otherwise the agent is down: the calls waiting on it are given up, and new ones skip it. An
 answer to any call while it is probed counts as the probe's: a surviving replica under load
-answers calls while the probe waits in its queue behind them.
+answers calls while the probe waits in its queue behind them. The grace follows the agent's
+pace (`grace_s`): a surviving replica answers about as fast as the agent answered before, which
+on a loaded machine is seconds, not milliseconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import Gauge
@@ -34,10 +38,16 @@ from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableE
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from ray.serve.schema import DeploymentStatus, ReplicaState
 
-# How long a suspected agent has to answer its probe before it is down: another replica answers
-# in milliseconds, a replacement takes seconds. A call that lost its replica waits as long to be
-# sent again.
-RETRY_GRACE_S = 1.0
+log = logging.getLogger(__name__)
+
+# How long a suspected agent has to answer before it is down (a call that lost its replica
+# waits as long to be sent again): GRACE_LATENCIES times the slowest of its last RECENT_ANSWERS
+# answers, within [MIN_GRACE_S, MAX_GRACE_S]. Another replica answers at the agent's usual pace;
+# a replacement takes a model load.
+MIN_GRACE_S = 1.0
+MAX_GRACE_S = 10.0
+GRACE_LATENCIES = 2.0
+RECENT_ANSWERS = 32
 # A call pending this long, to an agent that answered nothing for as long, has the controller
 # asked whether the agent lost every replica; at most once per CHECK_INTERVAL_S per agent.
 SUSPECT_AFTER_S = 1.0
@@ -76,6 +86,13 @@ def every_replica_lost(app: str, deployment: str) -> str | None:
     return f"Serve reports it {state.status.value}, no replica running: {state.message}"
 
 
+def grace_s(latencies: Iterable[float]) -> float:
+    """How long an agent whose recent answers took `latencies` seconds has to answer once a
+    replica is suspected lost."""
+    slowest = max(latencies, default=0.0)
+    return min(MAX_GRACE_S, max(MIN_GRACE_S, GRACE_LATENCIES * slowest))
+
+
 async def awaited(response: Any) -> Any:
     """A DeploymentResponse as a coroutine, so asyncio can wait on and cancel it."""
     return await response
@@ -83,7 +100,7 @@ async def awaited(response: Any) -> Any:
 
 class AgentLiveness:
     """One agent as the ingress sees it: up; probed (a replica was suspected lost); or down
-    (the probe got no answer within RETRY_GRACE_S) until the probe gets one.
+    (the probe got no answer within its grace) until the probe gets one.
 
     Used from the ingress replica's event loop only (its asyncio events are bound to it).
     """
@@ -96,6 +113,7 @@ class AgentLiveness:
         self.down_since = 0.0
         self.up_since = 0.0  # monotonic time it last came back; 0: never went down
         self.answered_at = time.monotonic()  # its last answer
+        self.latencies: deque[float] = deque(maxlen=RECENT_ANSWERS)  # of its last answers
         self._up = asyncio.Event()
         self._up.set()
         self._down = asyncio.Event()
@@ -130,11 +148,11 @@ class AgentLiveness:
 
     async def call(self, send: Callable[[], DeploymentResponse]) -> Any:
         """The result of the response `send()` returns, sent again once if its replica was lost
-        and the agent is back within RETRY_GRACE_S. AgentDown: the agent is down."""
+        and the agent is back within its grace. AgentDown: the agent is down."""
         try:
             return await self._call_once(send)
         except Exception as error:
-            if not replica_lost(error) or not await self.back_within(RETRY_GRACE_S):
+            if not replica_lost(error) or not await self.back_within(grace_s(self.latencies)):
                 raise
         return await self._call_once(send)
 
@@ -171,6 +189,7 @@ class AgentLiveness:
         error = result.exception()
         if error is None:
             self.answered_at = time.monotonic()
+            self.latencies.append(self.answered_at - sent_at)
             if self.is_probed:  # a replica answered since the suspicion: up, as a probe says
                 self._come_up()
             return result.result()
@@ -199,7 +218,7 @@ class AgentLiveness:
             self._suspect_lost(reason)
 
     def _suspect_lost(self, reason: str) -> None:
-        """Probe the agent; down, for `reason`, unless it answers within RETRY_GRACE_S."""
+        """Probe the agent; down, for `reason`, unless it answers within its grace."""
         if self.is_probed:
             return
         self._up.clear()
@@ -207,12 +226,13 @@ class AgentLiveness:
         self._in_background(self._down_unless_back(reason))
 
     async def _down_unless_back(self, reason: str) -> None:
-        if await self.back_within(RETRY_GRACE_S):
+        if await self.back_within(grace_s(self.latencies)):
             return
         self.down_reason = reason
         self.down_since = time.monotonic()
         self._down.set()
         self.up_gauge.set(0)
+        log.warning("agent %r is down (%s): requests leave it out", self.name, reason)
 
     async def _probe_until_up(self) -> None:
         while self.is_probed:  # (an answer to a call may have brought it up first)
@@ -223,6 +243,9 @@ class AgentLiveness:
                 await asyncio.sleep(PROBE_PAUSE_S)
 
     def _come_up(self) -> None:
+        if self.is_down:
+            seconds = time.monotonic() - self.down_since
+            log.warning("agent %r is up again after %.1f s down", self.name, seconds)
         self.down_reason = None
         self.up_since = self.answered_at = time.monotonic()
         self._down.clear()

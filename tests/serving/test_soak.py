@@ -54,5 +54,6 @@ def test_50_clients_for_a_minute_without_errors_or_memory_growth(resilient_serve
     print(f"all: {total_warm / MIB:.0f} → {total_end / MIB:.0f} MiB ({total_growth:+.1%})")
     assert not failures(replies), failures(replies)[:3]
     assert {r.client for r in replies} == set(range(CLIENTS))
-    assert not [r for r in replies if r.degraded], "an agent failed or timed out"
+    left_out = [r.body["failed_agents"] for r in replies if r.degraded]
+    assert not left_out, f"{len(left_out)} answers left an agent out, the first: {left_out[:2]}"
     assert all(g < MAX_RSS_GROWTH for g in growth.values()), growth
